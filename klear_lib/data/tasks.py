@@ -1,0 +1,125 @@
+"""Synthetic reasoning tasks for the tiny CPU stand-in (no hub access needed).
+
+Modular arithmetic with a ``<think>`` chain of thought at graded difficulty: the question is a sum of
+single digits modulo 10; the teacher writes one line per addition inside ``<think>...</think>`` (the running
+value mod 10) and ends with ``\\boxed{answer}``, as the long-CoT responses Klear-Reasoner trains on do.
+Each step is one fact of a 10×10 table, which a ≈1M-parameter model learns in a minute of SFT on a CPU;
+the level sets the number of steps, so accuracy falls with the level as a real model's falls with problem
+difficulty (an error at any step spoils the answer).
+
+    level 1: 2 operands   level 2: 3 operands   level 3: 4 operands   level 4: 6 operands
+
+(Plain multi-digit arithmetic was tried first: after 8,000 SFT samples the tiny model answered 2-5% of it,
+too little for RL to start from.)
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import asdict, dataclass
+
+LEVELS = {1: 2, 2: 3, 3: 4, 4: 6}  # level -> number of single-digit operands
+MODULUS = 10
+
+
+@dataclass(frozen=True)
+class Problem:
+    question: str
+    answer: int
+    level: int
+    operands: tuple[int, ...]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def make_problem(rng: random.Random, level: int) -> Problem:
+    """Draw one problem of the given difficulty level (see the module docstring)."""
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {sorted(LEVELS)}, got {level!r}")
+    operands = tuple(rng.randint(0, 9) for _ in range(LEVELS[level]))
+    expr = " + ".join(map(str, operands))
+    return Problem(
+        question=f"Compute ({expr}) mod {MODULUS}.",
+        answer=sum(operands) % MODULUS,
+        level=level,
+        operands=operands,
+    )
+
+
+def make_splits(
+    seed: int, n_train: int, n_heldout: int, levels: tuple[int, ...] = (1, 2, 3, 4)
+) -> tuple[list[Problem], list[Problem]]:
+    """Fixed train / held-out splits from one seed; no held-out question appears in train.
+
+    Levels are drawn uniformly. The held-out split is drawn first so that it does not change when
+    ``n_train`` changes (a larger train set never moves the evaluation problems).
+    """
+    rng = random.Random(seed)
+    heldout, seen = [], set()
+    while len(heldout) < n_heldout:
+        p = make_problem(rng, rng.choice(levels))
+        if p.question not in seen:
+            seen.add(p.question)
+            heldout.append(p)
+    train = []
+    while len(train) < n_train:  # repeats inside train are allowed (level 1 has only 81 questions)
+        p = make_problem(rng, rng.choice(levels))
+        if p.question not in seen:
+            train.append(p)
+    return train, heldout
+
+
+def teacher_solution(problem: Problem, rng: random.Random | None = None, *, error_rate: float = 0.0) -> str:
+    """A teacher's long-CoT response: one ``<think>`` line per addition, then ``\\boxed{}``.
+
+    With ``error_rate`` > 0 each step is wrong (off by one to nine) with that probability and the error
+    propagates, as an imperfect teacher's would (issue 4's synthetic sources use this).
+    """
+    rng = rng or random.Random(0)
+    lines, value = [], problem.operands[0]
+    for b in problem.operands[1:]:
+        new = (value + b) % MODULUS
+        if error_rate and rng.random() < error_rate:
+            new = (new + rng.randint(1, MODULUS - 1)) % MODULUS
+        lines.append(f"{value} + {b} = {new}")
+        value = new
+    return "<think>\n" + "\n".join(lines) + "\n</think>\n\\boxed{" + str(value) + "}"
+
+
+def prompt_messages(problem: Problem) -> list[dict]:
+    """The chat prompt for one problem (conversational format, as TRL trainers take it)."""
+    return [{"role": "user", "content": problem.question}]
+
+
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def extract_answer(completion: str) -> str | None:
+    """The content of the last ``\\boxed{}`` after the last ``</think>``; None if either is missing."""
+    if "</think>" not in completion:
+        return None
+    tail = completion.rsplit("</think>", 1)[1]
+    found = _BOXED.findall(tail)
+    return found[-1].strip() if found else None
+
+
+def exact_answer_reward(completion: str, answer: int | str) -> tuple[float, str]:
+    """1.0 if the boxed answer after ``</think>`` equals the gold answer, else 0.0; with a reason.
+
+    Reasons: ``correct``, ``wrong``, ``no_think_close``, ``no_answer``. The math-verify judge with Klear's
+    format penalties lives in ``klear_lib.rewards.math``; this exact-match reward is enough for integers.
+    """
+    if "</think>" not in completion:
+        return 0.0, "no_think_close"
+    got = extract_answer(completion)
+    if got is None:
+        return 0.0, "no_answer"
+    return (1.0, "correct") if got == str(answer) else (0.0, "wrong")
+
+
+def corpus(problems: list[Problem]) -> list[str]:
+    """Every text a tokenizer for this task must cover: questions and teacher solutions."""
+    rng = random.Random(0)
+    return [p.question for p in problems] + [teacher_solution(p, rng) for p in problems]

@@ -1,0 +1,133 @@
+"""Models and tokenizers: a tiny offline Qwen3 for the CPU stand-in, or a real one from the hub by name.
+
+``build_tokenizer`` trains a byte-level BPE on the task's own text, with digits as single tokens (as Qwen's
+tokenizer splits them, so arithmetic stays learnable), ChatML special tokens, ``<think>``/``</think>`` as
+tokens, and a ChatML chat template. ``build_tiny_model`` makes a Qwen3-architecture model from a config
+(≈1M parameters by default). ``load_model_and_tokenizer`` takes a local folder or a hub name: the same
+``Auto*`` code path either way, so the tiny model exercises the loading code a real one uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+PAD, IM_START, IM_END, THINK, THINK_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"
+SPECIAL_TOKENS = [PAD, IM_START, IM_END, THINK, THINK_END]
+
+# ChatML, as Qwen's: each message is <|im_start|>role\ncontent<|im_end|>\n; the generation prompt opens the
+# assistant turn. The assistant writes its own <think> (Klear's format reward checks for it).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def build_tokenizer(texts: list[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on ``texts`` (well under a second for the tiny task) and wrap it for transformers.
+
+    Digits are split one per token before BPE runs, so no merge ever joins two digits.
+    """
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # The chat template's role names are text too: let BPE see them often enough to merge them.
+    roles = [f"{IM_START}{r}\n" for r in ("system", "user", "assistant")] * 100
+    tok.train_from_iterator(list(texts) + roles, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token=IM_END,
+        pad_token=PAD,
+        additional_special_tokens=[IM_START, THINK, THINK_END],
+        padding_side="left",  # decoder-only generation pads on the left
+        model_max_length=4096,
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+@dataclass
+class TinyModelSpec:
+    """Size of the tiny Qwen3 stand-in (architecture.md: hidden 128, 4 layers, 4 heads, 2 KV heads, tied)."""
+
+    hidden_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 384
+    max_position_embeddings: int = 512
+
+
+def build_tiny_model(tokenizer: PreTrainedTokenizerFast, spec: TinyModelSpec | None = None, *, seed: int = 0):
+    """A randomly initialised Qwen3ForCausalLM sized for a CPU (≈1M parameters with a 1k vocabulary)."""
+    spec = spec or TinyModelSpec()
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.hidden_size // spec.num_attention_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+    _set_generation_ids(model, tokenizer)
+    return model
+
+
+def _set_generation_ids(model, tokenizer) -> None:
+    gc = model.generation_config
+    gc.eos_token_id = tokenizer.eos_token_id
+    gc.pad_token_id = tokenizer.pad_token_id
+    gc.bos_token_id = None
+
+
+def save_model_and_tokenizer(model, tokenizer, path: str | Path) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def load_model_and_tokenizer(name_or_path: str | Path, *, dtype: torch.dtype | str = "auto", **kwargs):
+    """Load a causal LM and its tokenizer from a local folder or a hub name, through the ``Auto*`` classes.
+
+    A hub name needs network access (never used by tests or the tiny preset). The tokenizer is set to pad on
+    the left, as generation needs.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
+    _set_generation_ids(model, tokenizer)
+    return model, tokenizer
+
+
+def count_parameters(model) -> int:
+    """Distinct parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,386 @@
+"""The run-directory contract: what every run writes, and the only thing plots and reports read.
+
+A run directory is ``<output_root>/<notebook name>/<YYYYmmdd-HHMMSS>`` (``create_run_dir``) and holds:
+
+==================  ===========================================================================
+``config.json``     the resolved run config (``write_run_metadata``), sorted keys
+``versions.json``   python, platform and the versions of the packages that shape a result
+``git.json``        ``{"commit", "dirty", "branch", "root"}`` of the checkout that ran
+``metrics.jsonl``   one JSON object per line, appended as training goes (``MetricsWriter``)
+``summary.json``    the run's final numbers (``write_summary``)
+``notebook.ipynb``  the executed notebook, when the run went through ``klear run`` (papermill)
+``params.json``     the notebook parameters ``klear run`` passed, written before execution
+==================  ===========================================================================
+
+JSON encoding (``to_jsonable``): numpy and torch scalars become Python numbers, tensors and arrays
+lists, dataclasses dicts, paths strings. The files are strict JSON (RFC 8259), readable by any tool:
+NaN is written as ``null`` and ±inf as ``±1e999`` (a valid JSON number that every IEEE-754 parser,
+Python's included, reads back as ±inf). ``read_metrics`` reads ``null`` back as NaN, so a metric
+round-trips; in metrics, ``null`` means "no value" (pandas reads it as NaN too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import enum
+import importlib.metadata
+import json
+import math
+import os
+import pathlib
+import platform
+import random
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+CONFIG_FILE = "config.json"
+VERSIONS_FILE = "versions.json"
+GIT_FILE = "git.json"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+NOTEBOOK_FILE = "notebook.ipynb"  # written by `klear run`, not by the notebook itself
+PARAMS_FILE = "params.json"  # written by `klear run` before it executes the notebook
+
+# What every run directory holds, however it was run. A run through `klear run` also holds NOTEBOOK_FILE:
+# check it with `check_run_dir(d, RUN_CONTRACT + (NOTEBOOK_FILE,))`.
+RUN_CONTRACT = (CONFIG_FILE, VERSIONS_FILE, GIT_FILE, METRICS_FILE, SUMMARY_FILE)
+
+# Distributions whose version can change a result (pip names; klear_lib is the "klear" distribution).
+TRACKED_PACKAGES = (
+    "torch",
+    "transformers",
+    "trl",
+    "accelerate",
+    "datasets",
+    "tokenizers",
+    "papermill",
+    "nbval",
+    "numpy",
+    "klear_lib",
+)
+NOT_INSTALLED = "not installed"
+
+# ----------------------------------------------------------------------------------------------------------
+# Seeding: the one place the project sets seeds.
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python's `random`, numpy, torch (all devices) and transformers from one integer.
+
+    Deterministic kernels (`torch.use_deterministic_algorithms`) are not switched on: on CPU the project's
+    runs repeat bit for bit without them, and on GPU they cost speed and fail on some ops.
+    PYTHONHASHSEED cannot be set from inside a running process; it does not affect the project's results.
+    """
+    random.seed(seed)
+    try:
+        import numpy as np
+    except ImportError:
+        pass
+    else:
+        np.random.seed(seed)
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:
+        torch.manual_seed(seed)  # also seeds every CUDA device
+    try:
+        import transformers
+    except ImportError:
+        pass
+    else:
+        transformers.set_seed(seed)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Run directories.
+
+
+def create_run_dir(root: str | os.PathLike, name: str, *, stamp: str | None = None) -> pathlib.Path:
+    """Create and return a new, empty ``root/name/<stamp>``; the stamp defaults to the local YYYYmmdd-HHMMSS.
+
+    If that folder exists (two runs in the same second), ``-2``, ``-3``, ... is appended. ``mkdir`` without
+    ``exist_ok`` is atomic, so concurrent runs never share a folder.
+    """
+    if not name or pathlib.Path(name).name != name or name in (".", ".."):
+        raise ValueError(f"run name must be a plain folder name, got {name!r}")
+    stamp = stamp or _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    parent = pathlib.Path(root) / name
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        candidate = parent / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise RuntimeError(f"no free run directory name for {parent / stamp}")
+
+
+def check_run_dir(run_dir: str | os.PathLike, contract: Iterable[str] = RUN_CONTRACT) -> list[str]:
+    """Return the files of `contract` that `run_dir` lacks, in contract order (empty: the run is complete)."""
+    run_dir = pathlib.Path(run_dir)
+    return [f for f in contract if not (run_dir / f).is_file()]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# JSON encoding shared by every file of the contract.
+
+
+def to_jsonable(obj: Any, where: str = "value") -> Any:
+    """Convert `obj` into plain JSON types (see the module docstring for NaN/inf); `where` names it in errors."""
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)  # also turns an IntEnum or a bool-like subclass into a plain int
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return None
+        return float(obj)  # ±inf stays a float here; to_json_text writes it as ±1e999
+    if isinstance(obj, enum.Enum):
+        return to_jsonable(obj.value, where)
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name), f"{where}.{f.name}") for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v, f"{where}.{k}") for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, (set, frozenset)):
+        return [to_jsonable(v, f"{where}[]") for v in sorted(obj, key=repr)]
+    # numpy scalars/arrays and torch tensors, without importing either: both have .tolist()
+    # (a 0-d array or tensor and a numpy scalar give a Python scalar, anything else a nested list).
+    tolist = getattr(obj, "tolist", None)
+    if callable(tolist) and type(obj).__module__.split(".")[0] in ("numpy", "torch"):
+        if hasattr(obj, "detach"):
+            obj = obj.detach().cpu()
+            tolist = obj.tolist
+        return to_jsonable(tolist(), where)
+    raise TypeError(f"{where}: cannot write a {type(obj).__qualname__} to JSON")
+
+
+# json.dumps cannot write ±inf as a JSON number (it writes the non-standard `Infinity`), so infinities
+# travel through it as sentinel strings and become `1e999` in the text.
+_INF_TOKENS = {math.inf: '"__klear_pos_inf__"', -math.inf: '"__klear_neg_inf__"'}
+
+
+def _encode_inf(obj: Any) -> Any:
+    if isinstance(obj, float) and math.isinf(obj):
+        return _INF_TOKENS[obj][1:-1]
+    if isinstance(obj, dict):
+        return {k: _encode_inf(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_encode_inf(v) for v in obj]
+    return obj
+
+
+def to_json_text(obj: Any, where: str = "value", **dumps_kwargs: Any) -> str:
+    """`obj` as strict JSON text (`to_jsonable`, then ±inf as ±1e999); `dumps_kwargs` go to json.dumps."""
+    text = json.dumps(_encode_inf(to_jsonable(obj, where)), allow_nan=False, **dumps_kwargs)
+    return text.replace(_INF_TOKENS[math.inf], "1e999").replace(_INF_TOKENS[-math.inf], "-1e999")
+
+
+def _write_json(path: pathlib.Path, obj: Any) -> None:
+    """Write `obj` as sorted, indented JSON, atomically (a crash leaves the old file or the new one)."""
+    text = to_json_text(obj, path.stem, sort_keys=True, indent=2) + "\n"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Metadata: config, versions, git.
+
+
+def package_versions(names: Iterable[str] = TRACKED_PACKAGES) -> dict[str, str]:
+    """Installed version of each distribution in `names`, or "not installed"; read from metadata, no imports."""
+    out = {}
+    for name in names:
+        dist = "klear" if name == "klear_lib" else name
+        try:
+            out[name] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            if name == "klear_lib":  # running from a checkout that was never pip-installed
+                from klear_lib import __version__
+
+                out[name] = f"{__version__} (not pip-installed)"
+            else:
+                out[name] = NOT_INSTALLED
+    return out
+
+
+def _git(args: list[str], cwd: pathlib.Path) -> str | None:
+    try:
+        proc = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):  # no git binary, or a hung one
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def git_info(*search: str | os.PathLike) -> dict[str, Any]:
+    """Commit, dirty flag and branch of the first git checkout found among `search`.
+
+    By default it looks at the checkout holding the klear_lib package (the code that ran), then at the
+    current directory. Outside any checkout: ``{"commit": "unknown", "dirty": None, "branch": None}``.
+    "dirty" counts changes to tracked files only (untracked files such as run outputs do not count).
+    A detached HEAD has branch None.
+    """
+    if not search:
+        search = (pathlib.Path(__file__).resolve().parent, pathlib.Path.cwd())
+    for d in search:
+        d = pathlib.Path(d)
+        if not d.is_dir():
+            continue
+        root = _git(["rev-parse", "--show-toplevel"], d)
+        if root is None:
+            continue
+        root_path = pathlib.Path(root)
+        commit = _git(["rev-parse", "HEAD"], root_path)  # None in a repo without commits
+        status = _git(["status", "--porcelain", "--untracked-files=no"], root_path)
+        branch = _git(["rev-parse", "--abbrev-ref", "HEAD"], root_path)
+        return {
+            "commit": commit or "unknown",
+            "dirty": None if status is None else bool(status),
+            "branch": None if branch in (None, "HEAD") else branch,
+            "root": root,
+        }
+    return {"commit": "unknown", "dirty": None, "branch": None, "root": None}
+
+
+def write_run_metadata(run_dir: str | os.PathLike, config: Any) -> None:
+    """Write config.json (the resolved config), versions.json and git.json into `run_dir`.
+
+    `config` is a dataclass (nested dataclasses allowed) or a mapping; it is written with sorted keys.
+    """
+    if not (dataclasses.is_dataclass(config) and not isinstance(config, type)) and not isinstance(
+        config, Mapping
+    ):
+        raise TypeError(f"config must be a dataclass instance or a mapping, got {type(config).__qualname__}")
+    run_dir = pathlib.Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _write_json(run_dir / CONFIG_FILE, config)
+    versions = {"python": sys.version.split()[0], "platform": platform.platform(), **package_versions()}
+    _write_json(run_dir / VERSIONS_FILE, versions)
+    _write_json(run_dir / GIT_FILE, git_info())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# metrics.jsonl
+
+
+class MetricsFormatError(ValueError):
+    """A metrics.jsonl line that is not a JSON object, away from the end of the file."""
+
+
+class MetricsWriter:
+    """Append metric records to a JSON-lines file, one per line, each flushed and fsync'ed as written.
+
+    >>> with MetricsWriter(run_dir / "metrics.jsonl") as log:
+    ...     log.write({"step": 1, "train/loss": loss})   # numpy/torch scalars are fine
+
+    The file is opened for appending, so a resumed run continues it. A partial last line left by a crash
+    is cut off (with a warning) before the first new record, so it cannot corrupt the middle of the file.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = pathlib.Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _drop_partial_last_line(self.path)
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        if not isinstance(record, Mapping):
+            raise TypeError(f"a metrics record must be a dict, got {type(record).__qualname__}")
+        line = to_json_text(record, "record", separators=(",", ":"))
+        self._f.write(line + "\n")  # one write call: a crash leaves at most one partial line
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _drop_partial_last_line(path: pathlib.Path) -> None:
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if data.endswith(b"\n"):
+        return
+    keep = data.rfind(b"\n") + 1  # 0 when the only line is partial
+    warnings.warn(f"{path}: dropping a partial last line left by an interrupted run: {data[keep:][:80]!r}")
+    with open(path, "r+b") as f:
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _nan_for_null(obj: Any) -> Any:
+    if obj is None:
+        return math.nan
+    if isinstance(obj, dict):
+        return {k: _nan_for_null(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_nan_for_null(v) for v in obj]
+    return obj
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read the records of a metrics.jsonl file; ``null`` values come back as NaN.
+
+    A partial last line (the file does not end in a newline: the run crashed mid-write) is skipped with a
+    warning. Any other line that is not a JSON object raises MetricsFormatError naming ``file:line``.
+    Blank lines are skipped.
+    """
+    path = pathlib.Path(path)
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    # After the final "\n" split() leaves "", so the last element is a partial line exactly when it is non-empty.
+    records = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if lineno == len(lines):
+                warnings.warn(f"{path}:{lineno}: skipping a truncated last line (interrupted run?): {line[:80]!r}")
+                break
+            raise MetricsFormatError(f"{path}:{lineno}: not valid JSON ({err.msg}): {line[:80]!r}") from None
+        if not isinstance(record, dict):
+            raise MetricsFormatError(f"{path}:{lineno}: a record must be a JSON object, got: {line[:80]!r}")
+        records.append(_nan_for_null(record))
+    return records
+
+
+# ----------------------------------------------------------------------------------------------------------
+# summary.json
+
+
+def write_summary(run_dir: str | os.PathLike, summary: Mapping[str, Any]) -> None:
+    """Write the run's final numbers to ``run_dir/summary.json`` (sorted keys, atomic)."""
+    if not isinstance(summary, Mapping):
+        raise TypeError(f"summary must be a dict, got {type(summary).__qualname__}")
+    run_dir = pathlib.Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _write_json(run_dir / SUMMARY_FILE, summary)
+
+
+def read_summary(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """Read ``run_dir/summary.json`` as written (a NaN written there reads back as None)."""
+    path = pathlib.Path(run_dir) / SUMMARY_FILE
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

@@ -1,0 +1,191 @@
+"""The `klear` CLI: presets, typed overrides, validation against the notebook, and real papermill runs.
+
+The fixture notebooks in tests/fixtures/nb: 99_dummy writes a full run directory from its parameters,
+98_fails raises in its second cell, 97_no_run_dir lacks the `run_dir` parameter.
+"""
+
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from klear_lib import cli, runs
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+NB_DIR = FIXTURES / "nb"
+PARAMS_DIR = FIXTURES / "params"
+DIRS = ["--notebooks-dir", str(NB_DIR), "--params-dir", str(PARAMS_DIR)]
+
+
+def run_dirs(root: pathlib.Path, name: str) -> list[pathlib.Path]:
+    return sorted((root / name).iterdir())
+
+
+# -------------------------------------------------------------------------------------------- parameters
+
+
+def test_overrides_are_typed_as_yaml():
+    assert cli.parse_overrides(["seed=2", "lr=1e-4", "name=abc", "beta=0.28", "flag=true", "empty=", "s='2'"]) == {
+        "seed": 2,
+        "lr": 1e-4,
+        "name": "abc",
+        "beta": 0.28,
+        "flag": True,
+        "empty": None,
+        "s": "2",
+    }
+    assert type(cli.parse_value("1e-4")) is float and cli.parse_value("-3E2") == -300.0
+    assert cli.parse_value("1_000") == 1000 and cli.parse_value("v1e3") == "v1e3"
+    assert cli.parse_overrides(["seed=1", "seed=3"]) == {"seed": 3}  # the later one wins
+    for bad in ["noequals", "=3", "not-an-id=1"]:
+        with pytest.raises(cli.KlearError, match="key=value"):
+            cli.parse_overrides([bad])
+
+
+def test_load_params_merges_preset_and_overrides():
+    assert cli.load_params("99_dummy", "tiny", params_dir=PARAMS_DIR) == {"x": 5, "lr": 1e-3, "name": "tiny run"}
+    merged = cli.load_params("99_dummy", "tiny", ["x=7", "seed=2"], params_dir=PARAMS_DIR)
+    assert merged == {"x": 7, "lr": 1e-3, "name": "tiny run", "seed": 2}
+    assert cli.load_params("99_dummy", "smoke", {"lr": 0.5}, params_dir=PARAMS_DIR) == {"x": 3, "seed": 0, "lr": 0.5}
+    with pytest.raises(cli.KlearError, match="flat scalars"):
+        cli.load_params("99_dummy", "smoke", ["x=[1, 2]"], params_dir=PARAMS_DIR)
+
+
+def test_unknown_preset_lists_the_presets(capsys):
+    with pytest.raises(cli.KlearError, match=r"no preset 'huge' for 99_dummy; its presets: smoke, tiny"):
+        cli.load_params("99_dummy", "huge", params_dir=PARAMS_DIR)
+    assert cli.main(["run", "99_dummy", "--preset", "huge", *DIRS]) == 2
+    assert "its presets: smoke, tiny" in capsys.readouterr().err
+
+
+def test_validate_params_names_key_source_and_valid_keys():
+    valid = ["run_dir", "x", "seed"]
+    cli.validate_params({"x": 1, "seed": 2}, valid)
+    with pytest.raises(cli.KlearError) as err:
+        cli.validate_params({"x": 1, "sed": 2}, valid, notebook="nb", sources={"sed": "-p"})
+    msg = str(err.value)
+    assert "'sed' (from -p)" in msg and "did you mean 'seed'" in msg and "x, seed" in msg
+    with pytest.raises(cli.KlearError, match="set by klear"):
+        cli.validate_params({"run_dir": "/x"}, valid)
+    with pytest.raises(cli.KlearError, match="declares no 'run_dir'"):
+        cli.validate_params({}, ["x"])
+
+
+def test_unknown_key_from_yaml_or_p_is_reported_with_its_source(tmp_path, capsys):
+    params = tmp_path / "params"
+    shutil.copytree(PARAMS_DIR, params)
+    (params / "99_dummy" / "bad.yaml").write_text("x: 1\nlearning_rate: 0.1\n")
+    dirs = ["--notebooks-dir", str(NB_DIR), "--params-dir", str(params), "--output-root", str(tmp_path / "out")]
+
+    assert cli.main(["run", "99_dummy", "--preset", "bad", *dirs]) == 2
+    err = capsys.readouterr().err
+    assert "'learning_rate'" in err and str(params / "99_dummy" / "bad.yaml") in err
+    assert "x, seed, lr, name" in err
+
+    assert cli.main(["run", "99", "--preset", "smoke", "-p", "sede=3", *dirs]) == 2
+    err = capsys.readouterr().err
+    assert "'sede' (from -p)" in err and "x, seed, lr, name" in err
+    assert not (tmp_path / "out").exists()  # nothing runs, no run directory is made
+
+
+def test_resolve_notebook_by_name_suffix_prefix_and_path():
+    expected = (NB_DIR / "99_dummy.ipynb").resolve()
+    for spec in ["99_dummy", "99_dummy.ipynb", "99", str(NB_DIR / "99_dummy.ipynb")]:
+        assert cli.resolve_notebook(spec, NB_DIR) == expected
+    with pytest.raises(cli.KlearError, match="several notebooks: 97_no_run_dir, 98_fails, 99_dummy"):
+        cli.resolve_notebook("9", NB_DIR)
+    with pytest.raises(cli.KlearError, match="notebooks: 97_no_run_dir, 98_fails, 99_dummy"):
+        cli.resolve_notebook("42_nope", NB_DIR)
+
+
+def test_list_shows_notebooks_and_presets(capsys):
+    assert cli.main(["list", *DIRS]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["97_no_run_dir", "98_fails", "99_dummy"]
+    assert lines[2].split(None, 1)[1] == "smoke, tiny"
+
+
+# -------------------------------------------------------------------------------------------- papermill
+
+
+def test_prepare_injects_parameters_without_executing(tmp_path, capsys):
+    out = tmp_path / "build" / "99.ipynb"
+    assert cli.main(["prepare", "99", "--preset", "smoke", "-p", "lr=2e-5", "--out", str(out), *DIRS]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    nb = nbformat.read(out, as_version=4)
+    injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert len(injected) == 1
+    namespace = {}
+    exec(injected[0].source, namespace)  # the injected cell is plain assignments
+    assert {k: namespace[k] for k in ("x", "seed", "lr", "run_dir")} == {
+        "x": 3,
+        "seed": 0,
+        "lr": 2e-5,
+        "run_dir": str(tmp_path / "build" / "99_dummy"),  # default: beside --out, named after the notebook
+    }
+    assert (tmp_path / "build" / "99_dummy").is_dir()
+    assert all(c.get("outputs", []) == [] for c in nb.cells if c.cell_type == "code")  # not executed
+
+    custom = tmp_path / "elsewhere"
+    cli.main(["prepare", "99_dummy", "--preset", "tiny", "--out", str(out), "--run-dir", str(custom), *DIRS])
+    assert f'run_dir = "{custom}"' in nbformat.read(out, as_version=4).cells[2].source
+
+
+def test_run_executes_the_notebook_into_a_run_dir(tmp_path, capsys):
+    out_root = tmp_path / "outputs"
+    argv = ["run", "99_dummy", "--preset", "tiny", "-p", "x=21", "--output-root", str(out_root), *DIRS]
+    assert cli.main(argv) == 0
+    [run_dir] = run_dirs(out_root, "99_dummy")
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(run_dir)
+
+    assert runs.check_run_dir(run_dir, runs.RUN_CONTRACT + (runs.NOTEBOOK_FILE, runs.PARAMS_FILE)) == []
+    # the notebook computed from the merged parameters
+    assert runs.read_summary(run_dir) == {"x_times_2": 42, "lr": 1e-3, "name": "tiny run", "seed": 0}
+    assert json.loads((run_dir / "config.json").read_text()) == {"x": 21, "seed": 0, "lr": 1e-3, "name": "tiny run"}
+    assert runs.read_metrics(run_dir / "metrics.jsonl") == [{"step": 1, "x": 21}]
+    record = json.loads((run_dir / "params.json").read_text())
+    assert record["preset"] == "tiny" and record["params"] == {"x": 21, "lr": 1e-3, "name": "tiny run"}
+    assert record["run_dir"] == str(run_dir)
+    executed = nbformat.read(run_dir / "notebook.ipynb", as_version=4)
+    stdout = [o["text"] for o in executed.cells[-1].outputs if o.get("name") == "stdout"]
+    assert "".join(stdout).strip() == "42"
+
+
+def test_failing_notebook_exits_nonzero_and_points_at_the_partial_notebook(tmp_path, capsys):
+    out_root = tmp_path / "outputs"
+    assert cli.main(["run", "98", "--preset", "smoke", "--output-root", str(out_root), *DIRS]) == 1
+    err = capsys.readouterr().err
+    [run_dir] = run_dirs(out_root, "98_fails")
+    assert "98_fails failed" in err and "RuntimeError: fixture failure, x=1" in err
+    assert f"partially executed notebook: {run_dir / 'notebook.ipynb'}" in err
+    assert (run_dir / "notebook.ipynb").is_file() and (run_dir / "params.json").is_file()
+
+
+def test_reproduce_runs_every_notebook_with_the_preset_and_continues_past_failures(tmp_path, capsys):
+    params = tmp_path / "params"
+    shutil.copytree(PARAMS_DIR, params)
+    (params / "97_no_run_dir" / "smoke.yaml").unlink()  # no smoke preset: not run at all
+    out_root = tmp_path / "outputs"
+    dirs = ["--notebooks-dir", str(NB_DIR), "--params-dir", str(params), "--output-root", str(out_root)]
+    assert cli.main(["reproduce", "--preset", "smoke", *dirs]) == 1
+    captured = capsys.readouterr()
+    table = captured.out.splitlines()
+    assert table[0].split()[:2] == ["notebook", "status"]
+    assert [row.split()[:2] for row in table[1:]] == [["98_fails", "FAILED"], ["99_dummy", "ok"]]
+    assert str(run_dirs(out_root, "99_dummy")[0]) in table[2]  # the 99 ran after 98 failed
+    assert "1 of 2 notebooks failed: 98_fails" in captured.err
+
+    (params / "98_fails" / "smoke.yaml").unlink()
+    assert cli.main(["reproduce", "--preset", "smoke", *dirs]) == 0
+
+
+def test_console_entry_point_runs_as_a_module(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "klear_lib.cli", "list", *DIRS], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "99_dummy" in proc.stdout
