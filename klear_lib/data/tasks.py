@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 LEVELS = {1: 2, 2: 3, 3: 4, 4: 6}  # level -> number of single-digit operands
 MODULUS = 10
+MAX_STEP = 3  # operands after the first are 1..MAX_STEP: a 10×3 table of facts per step
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ def make_problem(rng: random.Random, level: int) -> Problem:
     """Draw one problem of the given difficulty level (see the module docstring)."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {sorted(LEVELS)}, got {level!r}")
-    operands = tuple(rng.randint(0, 9) for _ in range(LEVELS[level]))
+    operands = (rng.randint(0, 9),) + tuple(rng.randint(1, MAX_STEP) for _ in range(LEVELS[level] - 1))
     expr = " + ".join(map(str, operands))
     return Problem(
         question=f"Compute ({expr}) mod {MODULUS}.",

@@ -1,0 +1,49 @@
+# The two commands a newcomer runs (README): `make reproduce` and `make test`. Each sets itself up.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.klear-installed
+PRESET ?= tiny
+export PYTHONUNBUFFERED := 1
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: reproduce test lab setup notebooks bench clean-venv
+
+# Create the venv if missing and install the pinned packages. torch==2.13.0 first: on these machines it is the
+# CPU wheel on disk, and installing it before anything else keeps pip from pulling a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test,lab]'
+	@# torchvision/torchaudio/torchcodec next to the CPU torch break `import transformers`: never keep them.
+	@$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	@touch $@
+
+setup: $(STAMP)
+
+# Every ablation notebook that has a params/<notebook>/$(PRESET).yaml, each into its own run directory.
+reproduce: $(STAMP)
+	$(VENV)/bin/klear reproduce --preset $(PRESET)
+
+# The whole suite: unit and integration tests, then every notebook at its `smoke` preset under nbval.
+test: $(STAMP)
+	rm -rf .nbval && mkdir -p .nbval
+	for nb in notebooks/[0-9]*.ipynb; do \
+	  name=$$(basename $$nb .ipynb); \
+	  if [ -f params/$$name/smoke.yaml ]; then \
+	    $(VENV)/bin/klear prepare $$name --preset smoke --out .nbval/$$name.ipynb --run-dir .nbval/runs/$$name || exit 1; \
+	  fi; \
+	done
+	$(PY) -m pytest -p no:cacheprovider tests .nbval --nbval-lax --sanitize-with tests/nbval_sanitize.cfg
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_step_time.py
+
+clean-venv:
+	rm -rf $(VENV)

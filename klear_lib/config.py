@@ -1,0 +1,186 @@
+"""Typed, strict run configs. A notebook's flat parameters become one of these in the cell after them.
+
+Unknown keys are errors that list the valid ones; types are checked; derived values are properties, never
+parameters (papermill injects overrides after the ``parameters`` cell, so a value derived there goes stale).
+Defaults are the ``tiny`` CPU preset; the ``gpu``/``paper`` presets change only scale keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, fields
+
+from klear_lib.losses import PolicyLossConfig
+from klear_lib.train.rl import KlearLossConfig
+
+
+def from_dict(cls, d: typing.Mapping, *, where: str | None = None):
+    """Build dataclass ``cls`` from a flat mapping, strictly: unknown keys and wrong types are errors."""
+    where = where or cls.__name__
+    valid = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(d) - set(valid))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(valid)}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in d.items():
+        kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
+    return cls(**kwargs)
+
+
+def _coerce(value, hint, where: str):
+    """Accept ``value`` for type ``hint`` (int for float allowed, None for Optional); else a clear error."""
+    origin = typing.get_origin(hint)
+    options = typing.get_args(hint) if origin in (typing.Union, types.UnionType) else (hint,)
+    if value is None and type(None) in options:
+        return None
+    for opt in options:
+        if opt is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if opt in (int, str, bool) and type(value) is opt:
+            return value
+    names = " | ".join(getattr(o, "__name__", str(o)) for o in options)
+    raise TypeError(f"{where} must be {names}, got {value!r} ({type(value).__name__})")
+
+
+@dataclass
+class RLExperimentConfig:
+    """One RL run on the tiny arithmetic task (or a hub model at the gpu preset): data, SFT, RL, evaluation."""
+
+    seed: int = 0
+    """The one seed of the run: data order, sampling and initialisation (set through ``runs.set_seed``)."""
+    # -- task -------------------------------------------------------------------------------------------------
+    data_seed: int = 1234
+    """Seed of the fixed train / held-out splits (the same for every run seed, so runs compare)."""
+    n_train: int = 4000
+    """Training problems (SFT samples are drawn from them, RL prompts too)."""
+    n_heldout: int = 128
+    """Held-out problems for avg@n."""
+    levels: str = "1,2,3,4"
+    """Difficulty levels drawn uniformly, comma-separated (klear_lib.data.tasks.LEVELS)."""
+    # -- model ------------------------------------------------------------------------------------------------
+    model: str = "tiny"
+    """``tiny`` (a ≈1M-parameter Qwen3 built here) or a hub name / local folder of a causal LM."""
+    tiny_hidden: int = 128
+    """Hidden size of the tiny model."""
+    tiny_layers: int = 4
+    """Layers of the tiny model."""
+    vocab_size: int = 1024
+    """Upper bound of the tiny tokenizer's BPE vocabulary (the task's text needs only a few hundred)."""
+    # -- SFT warm start -----------------------------------------------------------------------------------------
+    sft_lr: float = 5e-3
+    """Peak SFT learning rate (cosine decay)."""
+    sft_epochs: float = 3.0
+    """Passes over the SFT samples."""
+    sft_batch_size: int = 32
+    """SFT samples per optimizer step."""
+    # -- RL (reference section 4 for Klear's values) ------------------------------------------------------------
+    loss: str = "gppo"
+    """Policy loss, a name in klear_lib.losses.POLICY_LOSSES."""
+    clip_low: float = 0.2
+    """ε_l (Klear 0.2)."""
+    clip_high: float = 0.28
+    """ε_h (Klear 0.28; ε_h > ε_l is DAPO's clip-higher)."""
+    clip_c: float | None = 10.0
+    """Dual-clip constant for negative advantages (Klear 10); None turns it off."""
+    beta_low: float = 1.0
+    """GPPO β_l (paper 1; CE-GPPO 0.5 / 0.75)."""
+    beta_high: float = 1.0
+    """GPPO β_h (paper 1)."""
+    erc_low: float | None = None
+    """ERC lower bound on H/H_old; ERC is on when both bounds are set."""
+    erc_high: float | None = None
+    """ERC upper bound."""
+    loss_agg_mode: str = "token-mean"
+    """Loss normalisation (Klear: token-mean)."""
+    sft_alpha: float = 0.1
+    """α of the positive-sample NLL term (Klear 0.1)."""
+    adv_std: str = "unbiased"
+    """GRPO std: unbiased (Klear's code) / population (the paper) / none."""
+    filter_groups: bool = True
+    """Klear's zero-advantage group filter."""
+    rollouts: int = 12
+    """Rollout batches (generation rounds); optimizer steps = rollouts × rollout_prompts / mini_batch_prompts."""
+    rollout_prompts: int = 32
+    """Prompts per rollout batch (Klear 128)."""
+    mini_batch_prompts: int = 8
+    """Prompts per optimizer step (Klear 16 math / 32 code): rollout_prompts / mini_batch_prompts updates per
+    rollout, all but the first off-policy."""
+    num_generations: int = 8
+    """Responses per prompt (Klear 8)."""
+    max_completion_length: int = 48
+    """Longest response in tokens (Klear 32K)."""
+    rl_lr: float = 5e-4
+    """RL learning rate, constant after warm-up (Klear 1e-6 math; the tiny model needs far more)."""
+    warmup_steps: int = 2
+    """Linear warm-up optimizer steps (Klear 10)."""
+    weight_decay: float = 0.1
+    """AdamW weight decay (Klear 0.1)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping (Klear 1.0)."""
+    temperature: float = 1.0
+    """Rollout sampling temperature (Klear 1.0)."""
+    top_p: float = 1.0
+    """Rollout top-p (Klear 1.0)."""
+    use_vllm: bool = False
+    """Generate rollouts with vLLM (GPU presets)."""
+    use_cpu: bool = True
+    """Train on the CPU even where a GPU is present."""
+    # -- evaluation (reference section 7) ------------------------------------------------------------------------
+    eval_every: int = 3
+    """Evaluate held-out avg@n every this many rollout batches (and before RL)."""
+    eval_n: int = 4
+    """Samples per held-out problem (paper: 64 for AIME)."""
+    eval_temperature: float = 0.6
+    """Evaluation temperature (paper 0.6)."""
+    eval_top_p: float = 0.95
+    """Evaluation top-p (paper 0.95)."""
+
+    def __post_init__(self) -> None:
+        if self.rollout_prompts % self.mini_batch_prompts:
+            raise ValueError(
+                f"rollout_prompts ({self.rollout_prompts}) must be a multiple of mini_batch_prompts "
+                f"({self.mini_batch_prompts})"
+            )
+        self.klear_loss  # validates the loss name and the clip/ERC values early
+
+    @property
+    def level_list(self) -> tuple[int, ...]:
+        return tuple(int(x) for x in self.levels.split(","))
+
+    @property
+    def updates_per_rollout(self) -> int:
+        return self.rollout_prompts // self.mini_batch_prompts
+
+    @property
+    def max_steps(self) -> int:
+        return self.rollouts * self.updates_per_rollout
+
+    @property
+    def klear_loss(self) -> KlearLossConfig:
+        return KlearLossConfig(
+            loss_name=self.loss,
+            policy_loss=PolicyLossConfig(
+                clip_ratio_low=self.clip_low,
+                clip_ratio_high=self.clip_high,
+                clip_ratio_c=self.clip_c,
+                beta_low=self.beta_low,
+                beta_high=self.beta_high,
+                erc_low=self.erc_low,
+                erc_high=self.erc_high,
+            ),
+            loss_agg_mode=self.loss_agg_mode,
+            adv_std=self.adv_std,
+            filter_groups=self.filter_groups,
+            sft_alpha=self.sft_alpha,
+        )
+
+    @classmethod
+    def from_params(cls, params: typing.Mapping) -> "RLExperimentConfig":
+        return from_dict(cls, params)
+
+    def replace(self, **changes) -> "RLExperimentConfig":
+        """A copy with ``changes`` (an ablation is a diff), checked as strictly as ``from_params``."""
+        return from_dict(type(self), {**dataclasses.asdict(self), **changes})

@@ -1,0 +1,89 @@
+"""Plots and tables that read only a run directory's ``metrics.jsonl`` (the run-directory contract)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from klear_lib.runs import read_metrics
+
+# Human titles for the metrics a notebook plots; the formulas live in klear_lib.losses.METRICS.
+TITLES = {
+    "eval/avg_at_n": "held-out avg@n",
+    "reward": "mean reward (rollouts)",
+    "entropy": "token entropy (current policy)",
+    "actor/pg_clipfrac_low": "clip fraction, low (A<0, r<1-ε_l)",
+    "actor/pg_clipfrac_high": "clip fraction, high (A>0, r>1+ε_h)",
+    "actor/gppo_preserved_frac": "GPPO-preserved fraction",
+    "actor/erc_frac_low": "ERC-masked fraction, low",
+    "actor/erc_frac_high": "ERC-masked fraction, high",
+    "grad_norm": "gradient norm (before clipping)",
+    "klear/kept_group_frac": "groups kept by the zero-advantage filter",
+}
+
+
+def metrics_frame(run_dir: str | Path) -> pd.DataFrame:
+    """All records of ``run_dir/metrics.jsonl`` as one DataFrame (one row per record)."""
+    return pd.DataFrame(read_metrics(Path(run_dir) / "metrics.jsonl"))
+
+
+def curves(df: pd.DataFrame, metric: str, *, by: str = "variant", seed: str = "seed", x: str = "step") -> pd.DataFrame:
+    """Per ``by`` and ``x``: mean, std and count of ``metric`` over seeds (rows lacking the metric ignored)."""
+    sub = df.dropna(subset=[metric])[[by, seed, x, metric]]
+    per_seed = sub.groupby([by, seed, x], as_index=False)[metric].mean()
+    out = per_seed.groupby([by, x])[metric].agg(["mean", "std", "count"]).reset_index()
+    out["std"] = out["std"].fillna(0.0)
+    return out
+
+
+def plot_curves(df: pd.DataFrame, metrics: list[str], *, by: str = "variant", out: str | Path | None = None,
+                ncols: int = 3, title: str | None = None):
+    """One panel per metric, one line per ``by`` value: mean over seeds with a ±1 std band."""
+    metrics = [m for m in metrics if m in df.columns]
+    nrows = max(1, math.ceil(len(metrics) / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.2 * nrows), squeeze=False)
+    for ax, metric in zip(axes.flat, metrics):
+        c = curves(df, metric, by=by)
+        for name, g in c.groupby(by, sort=False):
+            ax.plot(g["step"], g["mean"], marker="o" if metric.startswith("eval/") else None, ms=3, label=str(name))
+            ax.fill_between(g["step"], g["mean"] - g["std"], g["mean"] + g["std"], alpha=0.2)
+        ax.set_title(TITLES.get(metric, metric), fontsize=10)
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(metrics):]:
+        ax.axis("off")
+    if metrics:
+        axes.flat[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+    return fig
+
+
+def final_table(df: pd.DataFrame, *, by: str = "variant", seed: str = "seed") -> pd.DataFrame:
+    """Per ``by``: held-out avg@n at the start (step 0) and at the end, the change, their spread over seeds,
+    and the mean clip statistics over all optimizer steps."""
+    ev = df.dropna(subset=["eval/avg_at_n"])
+    first = ev.sort_values("step").groupby([by, seed])["eval/avg_at_n"].first()
+    last = ev.sort_values("step").groupby([by, seed])["eval/avg_at_n"].last()
+    delta = last - first
+    table = pd.DataFrame({
+        "start": first.groupby(level=0).mean(),
+        "final": last.groupby(level=0).mean(),
+        "final_std": last.groupby(level=0).std().fillna(0.0),
+        "delta": delta.groupby(level=0).mean(),
+        "delta_min": delta.groupby(level=0).min(),
+        "seeds": last.groupby(level=0).count(),
+    })
+    steps = df.dropna(subset=["actor/pg_loss"]) if "actor/pg_loss" in df else df.iloc[0:0]
+    for col in ("actor/pg_clipfrac_low", "actor/pg_clipfrac_high", "actor/gppo_preserved_frac", "entropy",
+                "grad_norm"):
+        if col in steps:
+            table[col.split("/")[-1]] = steps.groupby(by)[col].mean()
+    return table.reindex(list(dict.fromkeys(df[by])))

@@ -1,0 +1,299 @@
+"""RL on TRL: ``KlearGRPOTrainer``, TRL's ``GRPOTrainer`` with Klear's policy loss and data rules.
+
+How it departs from TRL's GRPOTrainer (and so from GRPO as TRL implements it):
+
+1. The policy loss is ``klear_lib.losses`` (any registered name: ``ppo_clip``/DAPO, ``cispo``, ``gspo``, ``gppo``),
+   ERC included, instead of the if/elif inside ``GRPOTrainer._compute_loss``. TRL's ``loss_type``,
+   ``epsilon`` and ``epsilon_high`` are ignored.
+2. The rollout policy's per-token entropies are kept from the old-log-prob pass (TRL computes them with its
+   fused LM head and discards them) and handed to the loss as ``old_entropy`` for ERC.
+3. Advantages are recomputed from the raw rewards with ``klear_lib.advantages.grpo_advantages`` (Klear: the
+   unbiased std and ε = 1e-6; TRL: ε = 1e-4), and Klear's zero-advantage group filter removes whole groups
+   from the loss (their tokens leave the token-mean denominator; the batch is not refilled, as in Klear).
+4. The positive-sample SFT term ``α · NLL`` over fully-correct responses is added (reference section 2).
+5. Several optimizer steps per rollout batch come from TRL's own ``steps_per_generation`` (one rollout batch
+   of ``rollout_prompts`` prompts, split into mini-batches of ``mini_batch_prompts``): from the second
+   mini-batch on, the ratio differs from 1, which is what every clip variant acts on (reference section 1,
+   "on-policy steps hide GPPO").
+
+TRL internals overridden (pinned to ``TRL_VERSION``; ``tests/test_trl_contract.py`` fails when they move):
+``_generate_and_score_completions``, ``_calculate_rewards``, ``_get_per_token_logps_and_entropies``,
+``_compute_loss``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+import trl
+from datasets import Dataset
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from klear_lib.data.tasks import exact_answer_reward, prompt_messages
+from klear_lib.evaluation.heldout import evaluate_heldout
+
+from klear_lib.advantages import grpo_advantages, zero_advantage_group_mask
+from klear_lib.losses import POLICY_LOSSES, PolicyLossConfig, compute_policy_loss, positive_sample_loss
+
+TRL_VERSION = "1.16.0"  # the TRL release whose internals this trainer overrides
+
+
+@dataclass
+class KlearLossConfig:
+    """What the Klear recipe adds to a GRPO step (reference sections 1-3)."""
+
+    loss_name: str = "gppo"
+    """A name in ``klear_lib.losses.POLICY_LOSSES``."""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    """Clip range, dual-clip, GPPO β and ERC bounds."""
+    loss_agg_mode: str = "token-mean"
+    """Loss normalisation (Klear: token-mean)."""
+    adv_std: str = "unbiased"
+    """GRPO std: ``unbiased`` (Klear's code, N-1), ``population`` (the paper, N) or ``none`` (Dr. GRPO)."""
+    adv_eps: float = 1e-6
+    """ε in (R - mean) / (std + ε)."""
+    filter_groups: bool = True
+    """Drop groups whose fully-correct indicator has zero std (Klear's zero-advantage filter)."""
+    filter_rule: str = "klear"
+    """``klear`` (std of the fully-correct indicator > 0) or ``dapo`` (std of the rewards > 0)."""
+    max_reward: float = 1.0
+    """The reward of a fully-correct response (for the filter and the positive-sample term)."""
+    sft_alpha: float = 0.1
+    """α of the positive-sample NLL term (Klear: 0.1; 0 turns it off)."""
+
+    def __post_init__(self) -> None:
+        if self.loss_name not in POLICY_LOSSES:
+            raise ValueError(f"loss_name {self.loss_name!r} is not registered; registered: {sorted(POLICY_LOSSES)}")
+        if self.sft_alpha < 0:
+            raise ValueError(f"sft_alpha must be >= 0, got {self.sft_alpha}")
+
+
+class KlearGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer with Klear's loss family, ERC entropies, group filter and positive-sample term."""
+
+    def __init__(self, *args, klear: KlearLossConfig | None = None, **kwargs):
+        if trl.__version__ != TRL_VERSION:
+            warnings.warn(
+                f"KlearGRPOTrainer overrides TRL {TRL_VERSION} internals; TRL {trl.__version__} is installed. "
+                "Run tests/test_trl_contract.py before trusting its numbers.",
+                stacklevel=2,
+            )
+        super().__init__(*args, **kwargs)
+        self.klear = klear or KlearLossConfig()
+        if self.beta != 0.0:
+            raise ValueError(f"Klear uses no KL term: GRPOConfig.beta must be 0.0, got {self.beta}")
+        self._capture_old_entropy = False
+        self._captured_old_entropy: torch.Tensor | None = None
+        self._last_rewards: torch.Tensor | None = None
+
+    # -- rollout: keep the entropies and the raw rewards that TRL throws away --------------------------------
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *a, **kw):
+        if self._capture_old_entropy:  # the old-log-prob pass inside _generate_and_score_completions
+            kw["compute_entropy"] = True
+            logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *a, **kw
+            )
+            self._captured_old_entropy = entropies
+            self._capture_old_entropy = False  # only the first pass is the rollout policy's
+            return logps, entropies, aux
+        return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *a, **kw)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._last_rewards = rewards_per_func  # (N_all, n_funcs), gathered over processes
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        self._capture_old_entropy, self._captured_old_entropy = True, None
+        try:
+            out = super()._generate_and_score_completions(inputs)
+        finally:
+            self._capture_old_entropy = False
+        mode = "train" if self.model.training else "eval"
+        k = self.klear
+        weights = self.reward_weights.to(self._last_rewards.device)
+        rewards = torch.nansum(self._last_rewards * weights, dim=1)  # (N_all,)
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        adv = grpo_advantages(rewards, group, std=k.adv_std, eps=k.adv_eps)  # (N_all,)
+        if k.filter_groups:
+            keep = zero_advantage_group_mask(rewards, group, rule=k.filter_rule,
+                                             max_reward=k.max_reward if k.filter_rule == "klear" else None)
+        else:
+            keep = torch.ones_like(rewards, dtype=torch.bool)
+        n_local = out["completion_ids"].shape[0]
+        local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
+        out["advantages"] = adv[local].to(out["completion_ids"].device)
+        out["klear_keep"] = keep[local].float().to(out["completion_ids"].device)
+        out["klear_positive"] = (rewards[local] == k.max_reward).to(out["completion_ids"].device)
+        if self._captured_old_entropy is not None:
+            out["old_entropy"] = self._captured_old_entropy
+        self._metrics[mode]["klear/kept_group_frac"].append(keep.float().mean().item())
+        self._metrics[mode]["klear/fully_correct_frac"].append((rewards == k.max_reward).float().mean().item())
+        return out
+
+    # -- loss: klear_lib.losses instead of TRL's if/elif -------------------------------------------------------
+    def _compute_loss(self, model, inputs):
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P+T)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logits_to_keep = completion_ids.size(1)
+        log_prob, entropy, _ = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, compute_entropy=True
+        )  # (B, T), (B, T)
+        keep = inputs["klear_keep"]  # (B,)
+        mask = completion_mask * keep.unsqueeze(1)  # (B, T): filtered groups leave the loss and its denominator
+        # Without a separate old-log-prob pass (one update per rollout) the policy is on-policy: r == 1.
+        old_log_prob = inputs.get("old_per_token_logps")
+        old_log_prob = log_prob.detach() if old_log_prob is None else old_log_prob
+        old_entropy = inputs.get("old_entropy")
+        old_entropy = entropy.detach() if old_entropy is None else old_entropy
+        k = self.klear
+        loss, metrics = compute_policy_loss(
+            k.loss_name,
+            old_log_prob=old_log_prob,
+            log_prob=log_prob,
+            advantages=inputs["advantages"],
+            response_mask=mask,
+            loss_agg_mode=k.loss_agg_mode,
+            config=k.policy_loss,
+            entropy=entropy,
+            old_entropy=old_entropy,
+        )
+        mode = "train" if self.model.training else "eval"
+        if k.sft_alpha > 0:
+            # policy_loss = pg_loss + α · positive_loss (reference section 2)
+            pos = positive_sample_loss(log_prob, mask, inputs["klear_positive"], loss_agg_mode=k.loss_agg_mode)
+            loss = loss + k.sft_alpha * pos
+            self._metrics[mode]["actor/positive_loss"].append(pos.item())
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
+        denom = mask.sum().clamp(min=1.0)
+        self._metrics[mode]["entropy"].append(((entropy.detach() * mask).sum() / denom).item())
+        self._metrics[mode]["old_entropy"].append(((old_entropy * mask).sum() / denom).item())
+        self._metrics[mode]["actor/response_tokens"].append(mask.sum().item())
+        if mode == "train":  # HF's own loss scaling is off in GRPOTrainer: scale for gradient accumulation
+            loss = loss / self.current_gradient_accumulation_steps
+        return loss
+
+
+class Stopwatch:
+    """Wall-clock seconds since construction (for progress lines)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.start
+
+
+# -- one RL run end to end ------------------------------------------------------------------------------------
+class MetricsCallback(TrainerCallback):
+    """Writes every log line of the trainer (one per optimizer step) to the run's ``metrics.jsonl``.
+
+    Each record carries ``step`` (optimizer step), ``rollout`` (rollout batch, from 1) and the metrics TRL
+    averaged over the step (``actor/*`` from klear_lib.losses, ``reward``, ``entropy``, ``grad_norm`` ...).
+    """
+
+    def __init__(self, writer, updates_per_rollout: int, tags: dict):
+        self.writer, self.upr, self.tags = writer, updates_per_rollout, tags
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "train_runtime" not in logs:  # the final summary line is not a step
+            step = state.global_step
+            self.writer.write({**self.tags, "step": step, "rollout": (step - 1) // self.upr + 1, **logs})
+
+
+class HeldoutEvalCallback(TrainerCallback):
+    """Held-out avg@n before RL (step 0) and every ``every_steps`` optimizer steps, written as ``eval/*``."""
+
+    def __init__(self, evaluate, writer, every_steps: int, tags: dict, progress=print):
+        self.evaluate, self.writer, self.every, self.tags, self.progress = evaluate, writer, every_steps, tags, progress
+        self.history: list[dict] = []
+        self.clock = Stopwatch()
+
+    def _run(self, model, step: int) -> None:
+        res = self.evaluate(model)
+        rec = {**self.tags, "step": step, "eval/avg_at_n": res["avg_at_n"], "eval/format_rate": res["format_rate"]}
+        rec.update({f"eval/avg_at_n_level{lvl}": v for lvl, v in res["by_level"].items()})
+        self.writer.write(rec)
+        self.history.append(rec)
+        self.progress(f"  [{self.clock():6.1f}s] {self.tags} step {step:3d}: held-out avg@{res['n']} = {res['avg_at_n']:.3f}")
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._run(model, 0)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.every == 0 or state.global_step == state.max_steps:
+            self._run(model, state.global_step)
+
+
+def correctness_reward(completions, answer, **kwargs) -> list[float]:
+    """TRL reward function: 1.0 for the right boxed answer after ``</think>``, else 0.0 (tiny task)."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [exact_answer_reward(t, a)[0] for t, a in zip(texts, answer)]
+
+
+def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None, output_dir=None, progress=print):
+    """RL from ``model`` (the SFT start) with ``cfg`` (an ``RLExperimentConfig``); returns (model, eval history).
+
+    Metrics go to ``writer`` (a ``runs.MetricsWriter``) as one record per optimizer step and per evaluation.
+    The caller sets the seed (``runs.set_seed``) before building the model.
+    """
+    tags = dict(tags or {})
+    dataset = Dataset.from_list([{"prompt": prompt_messages(p), "answer": p.answer} for p in train_problems])
+    upr = cfg.updates_per_rollout
+    args = GRPOConfig(
+        output_dir=str(output_dir or tempfile.mkdtemp(prefix="klear-rl-")),
+        per_device_train_batch_size=cfg.mini_batch_prompts * cfg.num_generations,  # completions per update
+        steps_per_generation=upr,  # one rollout batch feeds `upr` optimizer steps
+        gradient_accumulation_steps=1,
+        num_generations=cfg.num_generations,
+        max_completion_length=cfg.max_completion_length,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        learning_rate=cfg.rl_lr,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=cfg.warmup_steps,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        max_steps=cfg.max_steps,
+        beta=0.0,
+        epsilon=cfg.clip_low,  # unused by our loss; set so TRL's own logs agree
+        epsilon_high=cfg.clip_high,
+        use_vllm=cfg.use_vllm,
+        use_cpu=cfg.use_cpu,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+    )
+    evaluate = partial(
+        evaluate_heldout,
+        tokenizer=tokenizer,
+        problems=heldout,
+        n=cfg.eval_n,
+        temperature=cfg.eval_temperature,
+        top_p=cfg.eval_top_p,
+        max_new_tokens=cfg.max_completion_length,
+    )
+    eval_cb = HeldoutEvalCallback(lambda m: evaluate(m), writer, cfg.eval_every * upr, tags, progress)
+    trainer = KlearGRPOTrainer(
+        model=model,
+        reward_funcs=[correctness_reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        klear=cfg.klear_loss,
+        callbacks=[MetricsCallback(writer, upr, tags), eval_cb],
+    )
+    trainer.train()
+    return trainer.model, eval_cb.history

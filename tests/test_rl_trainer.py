@@ -1,0 +1,127 @@
+"""KlearGRPOTrainer on a tiny model: what it hands the loss is what the rollout policy computed, its loss is
+klear_lib.losses' loss, several updates per rollout make later ones off-policy, and it learns."""
+
+import copy
+
+import pytest
+import torch
+from datasets import Dataset
+from trl import GRPOConfig
+
+from klear_lib import models
+from klear_lib.data import tasks
+from klear_lib.losses import PolicyLossConfig, compute_policy_loss, positive_sample_loss
+from klear_lib.train.rl import KlearGRPOTrainer, KlearLossConfig, correctness_reward
+
+TEMPERATURE = 0.9  # not 1, so that a missing temperature scaling would show
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    train, _ = tasks.make_splits(0, 64, 4)
+    tok = models.build_tokenizer(tasks.corpus(train))
+    spec = models.TinyModelSpec(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                intermediate_size=128)
+    return train, tok, spec
+
+
+def make_trainer(tiny, tmp_path, *, klear, reward_funcs=None, steps=2, updates=2, lr=1e-3, max_len=12, seed=0):
+    train, tok, spec = tiny
+    model = models.build_tiny_model(tok, spec, seed=seed)
+    ds = Dataset.from_list([{"prompt": tasks.prompt_messages(p), "answer": p.answer} for p in train])
+    args = GRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=8, steps_per_generation=updates,
+        gradient_accumulation_steps=1, num_generations=4, max_completion_length=max_len, temperature=TEMPERATURE,
+        learning_rate=lr, max_steps=steps, beta=0.0, use_cpu=True, report_to="none", logging_steps=1,
+        save_strategy="no", disable_tqdm=True, seed=seed,
+    )
+    return KlearGRPOTrainer(model=model, reward_funcs=reward_funcs or [correctness_reward], args=args,
+                            train_dataset=ds, processing_class=tok, klear=klear)
+
+
+def naive_logps_entropy(model, inp, temperature):
+    """Second implementation: full logits, temperature, log-softmax, gather; entropy of the softmax."""
+    ids = torch.cat([inp["prompt_ids"], inp["completion_ids"]], 1)
+    att = torch.cat([inp["prompt_mask"], inp["completion_mask"]], 1)
+    T = inp["completion_ids"].shape[1]
+    logits = model(input_ids=ids, attention_mask=att).logits[:, -T - 1 : -1] / temperature  # (B, T, V)
+    logp = torch.log_softmax(logits.float(), -1)
+    tok_logp = logp.gather(-1, inp["completion_ids"].unsqueeze(-1)).squeeze(-1)  # (B, T)
+    entropy = -(logp.exp() * logp).sum(-1)  # (B, T)
+    return tok_logp, entropy
+
+
+def test_rollout_entropies_and_logps_are_the_rollout_policys(tiny, tmp_path):
+    trainer = make_trainer(tiny, tmp_path, klear=KlearLossConfig(loss_name="gppo"), steps=1)
+    before = copy.deepcopy(trainer.model)
+    trainer.train()
+    inp = trainer._buffered_inputs[0]
+    for key in ("old_per_token_logps", "old_entropy", "advantages", "klear_keep", "klear_positive"):
+        assert key in inp, f"{key} missing from the rollout batch; keys: {sorted(inp)}"
+    assert inp["old_entropy"].shape == inp["completion_ids"].shape
+    with torch.no_grad():
+        logp, ent = naive_logps_entropy(before, inp, TEMPERATURE)
+    m = inp["completion_mask"].bool()
+    assert torch.allclose(inp["old_entropy"][m], ent[m], atol=1e-4)
+    assert torch.allclose(inp["old_per_token_logps"][m], logp[m], atol=1e-4)
+
+
+def test_trainer_loss_is_the_library_loss(tiny, tmp_path):
+    klear = KlearLossConfig(loss_name="gppo", policy_loss=PolicyLossConfig(erc_low=0.9, erc_high=1.1), sft_alpha=0.1)
+    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=1)
+    trainer.train()
+    inp = trainer._buffered_inputs[1]  # the second mini-batch, after one update: off-policy
+    model = trainer.model
+    loss = trainer._compute_loss(model, inp) * trainer.current_gradient_accumulation_steps
+    logp, ent = naive_logps_entropy(model, inp, TEMPERATURE)
+    mask = inp["completion_mask"] * inp["klear_keep"].unsqueeze(1)
+    expected, _ = compute_policy_loss("gppo", old_log_prob=inp["old_per_token_logps"], log_prob=logp,
+                                      advantages=inp["advantages"], response_mask=mask, config=klear.policy_loss,
+                                      entropy=ent, old_entropy=inp["old_entropy"])
+    expected = expected + 0.1 * positive_sample_loss(logp, mask, inp["klear_positive"])
+    assert torch.allclose(loss, expected, atol=1e-5), (loss.item(), expected.item())
+
+
+def test_later_updates_of_a_rollout_are_off_policy(tiny, tmp_path):
+    klear = KlearLossConfig(loss_name="gppo", policy_loss=PolicyLossConfig(erc_low=0.999, erc_high=1.001),
+                            filter_groups=False)
+    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=2, updates=2, lr=1e-2,
+                           reward_funcs=[lambda completions, **kw: [float(len(c[-1]["content"]) % 3) for c in completions]])
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "actor/ratio_max" in h]
+    assert len(logs) == 2
+    first, second = logs
+    assert first["actor/ratio_max"] == pytest.approx(1.0, abs=1e-5)  # first update: the rollout policy itself
+    assert first["actor/erc_frac_low"] + first["actor/erc_frac_high"] == 0
+    assert abs(second["actor/ratio_max"] - 1.0) > 1e-4  # after one update the ratio moved
+    assert second["actor/erc_frac_low"] + second["actor/erc_frac_high"] > 0
+
+
+def test_zero_advantage_groups_leave_the_loss(tiny, tmp_path):
+    # Every completion gets the same reward: every group is filtered, so nothing is trained on.
+    klear = KlearLossConfig(loss_name="ppo_clip", sft_alpha=0.0)
+    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=1, reward_funcs=[lambda completions, **kw: [1.0] * len(completions)])
+    params_before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    log = [h for h in trainer.state.log_history if "klear/kept_group_frac" in h][0]
+    assert log["klear/kept_group_frac"] == 0.0
+    assert log["actor/response_tokens"] == 0.0
+    # weight decay aside (0 here by default), no parameter moved
+    assert all(torch.equal(a, b) for a, b in zip(params_before, trainer.model.parameters()))
+
+
+@pytest.mark.parametrize("loss_name", ["gppo", "ppo_clip"])
+def test_rl_learns_a_simple_preference(tiny, tmp_path, loss_name):
+    """Reward: the share of digit characters in the completion. A random tiny model writes few; after a
+    few rollouts with several updates each, it writes clearly more."""
+    def digit_share(completions, **kw):
+        texts = [c[-1]["content"] for c in completions]
+        return [sum(ch.isdigit() for ch in t) / max(len(t), 1) for t in texts]
+
+    klear = KlearLossConfig(loss_name=loss_name, filter_groups=False, sft_alpha=0.0)
+    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=24, updates=2, lr=3e-3, max_len=8,
+                           reward_funcs=[digit_share])
+    trainer.train()
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
+    assert last > first + 0.15, rewards

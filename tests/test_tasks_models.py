@@ -1,0 +1,94 @@
+"""The tiny stand-in: task generation and rewards, tokenizer, model building and offline save/reload."""
+
+import random
+
+import pytest
+import torch
+
+from klear_lib import models
+from klear_lib.data import tasks
+
+
+def test_problem_answer_is_the_modular_sum_and_levels_set_the_chain_length():
+    rng = random.Random(0)
+    for level, n_operands in tasks.LEVELS.items():
+        for _ in range(50):
+            p = tasks.make_problem(rng, level)
+            assert len(p.operands) == n_operands
+            assert p.answer == sum(p.operands) % tasks.MODULUS
+            assert all(1 <= b <= tasks.MAX_STEP for b in p.operands[1:])
+            assert p.question == f"Compute ({' + '.join(map(str, p.operands))}) mod 10."
+    with pytest.raises(ValueError, match="level must be one of"):
+        tasks.make_problem(rng, 9)
+
+
+def test_teacher_solution_is_a_correct_chain_and_scores_one():
+    p = tasks.Problem("Compute (8 + 3 + 2) mod 10.", 3, 2, (8, 3, 2))
+    sol = tasks.teacher_solution(p)
+    # 8 + 3 = 11 -> 1; 1 + 2 = 3
+    assert sol == "<think>\n8 + 3 = 1\n1 + 2 = 3\n</think>\n\\boxed{3}"
+    assert tasks.exact_answer_reward(sol, 3) == (1.0, "correct")
+
+
+def test_noisy_teacher_errs_at_about_its_rate():
+    rng = random.Random(1)
+    train, _ = tasks.make_splits(0, 2000, 10)
+    wrong = sum(tasks.exact_answer_reward(tasks.teacher_solution(p, rng, error_rate=0.3), p.answer)[0] == 0
+                for p in train if p.level == 1)
+    n1 = sum(p.level == 1 for p in train)
+    assert 0.22 < wrong / n1 < 0.38  # one step at error rate 0.3
+
+
+@pytest.mark.parametrize("text,reward,reason", [
+    ("<think>\n1 + 2 = 3\n</think>\n\\boxed{3}", 1.0, "correct"),
+    ("<think>\n1 + 2 = 4\n</think>\n\\boxed{4}", 0.0, "wrong"),
+    ("<think>\n\\boxed{3}", 0.0, "no_think_close"),
+    ("<think>\n</think>\nthe answer is 3", 0.0, "no_answer"),
+    ("\\boxed{3}</think>\\boxed{5}", 0.0, "wrong"),  # only the answer after the last </think> counts
+])
+def test_exact_answer_reward_reasons(text, reward, reason):
+    assert tasks.exact_answer_reward(text, 3) == (reward, reason)
+
+
+def test_splits_are_fixed_by_the_seed_and_disjoint():
+    a_train, a_held = tasks.make_splits(7, 300, 40)
+    b_train, b_held = tasks.make_splits(7, 300, 40)
+    assert a_train == b_train and a_held == b_held
+    assert not {p.question for p in a_held} & {p.question for p in a_train}
+    # the held-out split does not move when the train split grows
+    _, c_held = tasks.make_splits(7, 900, 40)
+    assert c_held == a_held
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    train, _ = tasks.make_splits(0, 200, 10)
+    return models.build_tokenizer(tasks.corpus(train))
+
+
+def test_tokenizer_digits_are_single_tokens_and_specials_are_atomic(tokenizer):
+    ids = tokenizer("<think>\n123 + 45 = 168\n</think>", add_special_tokens=False)["input_ids"]
+    toks = tokenizer.convert_ids_to_tokens(ids)
+    assert toks[0] == "<think>" and toks[-1] == "</think>"
+    digits = [t for t in toks if any(c.isdigit() for c in t)]
+    assert digits == list("12345168")
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.padding_side == "left"
+
+
+def test_chat_template_is_chatml(tokenizer):
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Compute (1 + 2) mod 10."}],
+                                         tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_start|>user\nCompute (1 + 2) mod 10.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_tiny_model_size_and_offline_roundtrip(tmp_path, tokenizer):
+    model = models.build_tiny_model(tokenizer)
+    n = models.count_parameters(model)
+    assert 0.5e6 < n < 1.5e6, n
+    models.save_model_and_tokenizer(model, tokenizer, tmp_path / "m")
+    model2, tok2 = models.load_model_and_tokenizer(tmp_path / "m", dtype=torch.float32)
+    ids = torch.tensor([tokenizer("Compute (1 + 2) mod 10.")["input_ids"]])
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, model2(ids).logits, atol=1e-6)
+    assert tok2.get_vocab() == tokenizer.get_vocab()
+    assert model2.generation_config.eos_token_id == tokenizer.eos_token_id
