@@ -31,7 +31,8 @@ def test_rollout_pass_order_that_the_entropy_capture_relies_on():
     """The first log-prob pass inside _generate_and_score_completions must be the old policy's (on self.model),
     before the rewards; its result must be stored as `old_per_token_logps`; advantages must be a top-level key."""
     src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
-    first_pass = src.index("old_per_token_logps, _, _ = self._get_per_token_logps_and_entropies(")
+    lhs = "old_per_token_logps, _, _ = "
+    first_pass = src.index(lhs + "self._get_per_token_logps_and_entropies(") + len(lhs)
     assert src.index("self._get_per_token_logps_and_entropies(") == first_pass
     assert first_pass < src.index("self._calculate_rewards(")
     assert '"advantages": advantages' in src and 'output["old_per_token_logps"] = old_per_token_logps' in src
