@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 PAD, IM_START, IM_END, THINK, THINK_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"
@@ -41,19 +41,22 @@ def build_tokenizer(texts: list[str], vocab_size: int = 1024) -> PreTrainedToken
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=[PAD, IM_START, IM_END],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     # The chat template's role names are text too: let BPE see them often enough to merge them.
     roles = [f"{IM_START}{r}\n" for r in ("system", "user", "assistant")] * 100
     tok.train_from_iterator(list(texts) + roles, trainer=trainer)
+    # <think>/</think> are added tokens but not special ones, as in Qwen3's tokenizer: decoding with
+    # skip_special_tokens=True (TRL does) must keep them, or every format check fails.
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in (THINK, THINK_END)])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=None,
         eos_token=IM_END,
         pad_token=PAD,
-        additional_special_tokens=[IM_START, THINK, THINK_END],
+        additional_special_tokens=[IM_START],
         padding_side="left",  # decoder-only generation pads on the left
         model_max_length=4096,
     )

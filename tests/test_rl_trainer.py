@@ -32,7 +32,7 @@ def make_trainer(tiny, tmp_path, *, klear, reward_funcs=None, steps=2, updates=2
     args = GRPOConfig(
         output_dir=str(tmp_path), per_device_train_batch_size=8, steps_per_generation=updates,
         gradient_accumulation_steps=1, num_generations=4, max_completion_length=max_len, temperature=TEMPERATURE,
-        learning_rate=lr, max_steps=steps, beta=0.0, use_cpu=True, report_to="none", logging_steps=1,
+        learning_rate=lr, max_steps=steps, beta=0.0, use_cpu=True, bf16=False, report_to="none", logging_steps=1,
         save_strategy="no", disable_tqdm=True, seed=seed,
     )
     return KlearGRPOTrainer(model=model, reward_funcs=reward_funcs or [correctness_reward], args=args,

@@ -32,7 +32,7 @@ from functools import partial
 import torch
 import trl
 from datasets import Dataset
-from transformers import TrainerCallback
+from transformers import PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from klear_lib.data.tasks import exact_answer_reward, prompt_messages
@@ -224,7 +224,8 @@ class HeldoutEvalCallback(TrainerCallback):
         rec.update({f"eval/avg_at_n_level{lvl}": v for lvl, v in res["by_level"].items()})
         self.writer.write(rec)
         self.history.append(rec)
-        self.progress(f"  [{self.clock():6.1f}s] {self.tags} step {step:3d}: held-out avg@{res['n']} = {res['avg_at_n']:.3f}")
+        tags = " ".join(f"{k}={v}" for k, v in self.tags.items())
+        self.progress(f"  [{self.clock():6.1f}s] {tags} step {step:3d}: held-out avg@{res['n']} = {res['avg_at_n']:.3f}")
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._run(model, 0)
@@ -269,6 +270,7 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         epsilon_high=cfg.clip_high,
         use_vllm=cfg.use_vllm,
         use_cpu=cfg.use_cpu,
+        bf16=cfg.bf16,
         seed=cfg.seed,
         data_seed=cfg.seed,
         logging_steps=1,
@@ -295,5 +297,6 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         klear=cfg.klear_loss,
         callbacks=[MetricsCallback(writer, upr, tags), eval_cb],
     )
+    trainer.remove_callback(PrinterCallback)  # one progress line per evaluation instead of a dict per step
     trainer.train()
     return trainer.model, eval_cb.history

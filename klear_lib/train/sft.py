@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from datasets import Dataset
+from transformers import PrinterCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
@@ -42,6 +43,9 @@ class SFTStageConfig:
     """Checkpoint every this many steps (0: only the final model)."""
     use_cpu: bool = True
     """Train on the CPU even where a GPU is present (the tiny preset)."""
+    bf16: bool = False
+    """bf16 autocast. TRL 1.16 turns it on by default, also on a CPU, where it is slower than fp32 and rounds
+    log-probs by ~1e-3; the project's CPU presets train in fp32, GPU presets in bf16."""
 
 
 def sft_samples(problems: list[Problem], *, error_rate: float = 0.0, seed: int = 0) -> list[dict]:
@@ -73,6 +77,7 @@ def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: 
         seed=cfg.seed,
         data_seed=cfg.seed,
         use_cpu=cfg.use_cpu,
+        bf16=cfg.bf16,
         report_to="none",
         logging_steps=10,
         save_strategy="steps" if cfg.save_steps else "no",
@@ -83,6 +88,7 @@ def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: 
     trainer = SFTTrainer(
         model=model, args=args, train_dataset=Dataset.from_list(samples), processing_class=tokenizer
     )
+    trainer.remove_callback(PrinterCallback)  # TRL prints a dict per log step when tqdm is off
     last = get_last_checkpoint(str(output_dir)) if cfg.resume and output_dir.exists() else None
     trainer.train(resume_from_checkpoint=last)
     final = output_dir / "final"
