@@ -34,6 +34,8 @@ def build(trainer_cls, model, tok, ds, batch, **extra):
     t = trainer_cls(model=model, reward_funcs=[correctness_reward], args=args, train_dataset=ds, processing_class=tok,
                     **extra)
     t.create_optimizer_and_scheduler(num_training_steps=1)
+    t.current_gradient_accumulation_steps = 1  # set by Trainer's training loop, which this bypasses
+    t.model.train()
     return t
 
 

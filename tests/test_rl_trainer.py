@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 from datasets import Dataset
+from transformers import PrinterCallback
 from trl import GRPOConfig
 
 from klear_lib import models
@@ -25,7 +26,8 @@ def tiny():
     return train, tok, spec
 
 
-def make_trainer(tiny, tmp_path, *, klear, reward_funcs=None, steps=2, updates=2, lr=1e-3, max_len=12, seed=0):
+def make_trainer(tiny, tmp_path, *, klear, reward_funcs=None, steps=2, updates=2, lr=1e-3, max_len=12, seed=0,
+                 schedule="linear"):
     train, tok, spec = tiny
     model = models.build_tiny_model(tok, spec, seed=seed)
     ds = Dataset.from_list([{"prompt": tasks.prompt_messages(p), "answer": p.answer} for p in train])
@@ -33,10 +35,12 @@ def make_trainer(tiny, tmp_path, *, klear, reward_funcs=None, steps=2, updates=2
         output_dir=str(tmp_path), per_device_train_batch_size=8, steps_per_generation=updates,
         gradient_accumulation_steps=1, num_generations=4, max_completion_length=max_len, temperature=TEMPERATURE,
         learning_rate=lr, max_steps=steps, beta=0.0, use_cpu=True, bf16=False, report_to="none", logging_steps=1,
-        save_strategy="no", disable_tqdm=True, seed=seed,
+        save_strategy="no", disable_tqdm=True, seed=seed, lr_scheduler_type=schedule,
     )
-    return KlearGRPOTrainer(model=model, reward_funcs=reward_funcs or [correctness_reward], args=args,
-                            train_dataset=ds, processing_class=tok, klear=klear)
+    trainer = KlearGRPOTrainer(model=model, reward_funcs=reward_funcs or [correctness_reward], args=args,
+                               train_dataset=ds, processing_class=tok, klear=klear)
+    trainer.remove_callback(PrinterCallback)
+    return trainer
 
 
 def naive_logps_entropy(model, inp, temperature):
@@ -119,8 +123,8 @@ def test_rl_learns_a_simple_preference(tiny, tmp_path, loss_name):
         return [sum(ch.isdigit() for ch in t) / max(len(t), 1) for t in texts]
 
     klear = KlearLossConfig(loss_name=loss_name, filter_groups=False, sft_alpha=0.0)
-    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=24, updates=2, lr=3e-3, max_len=8,
-                           reward_funcs=[digit_share])
+    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=24, updates=2, lr=1e-2, max_len=6,
+                           reward_funcs=[digit_share], schedule="constant")
     trainer.train()
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4

@@ -47,7 +47,7 @@ rollouts = 10
 rollout_prompts = 32                           # Klear: 128 prompts per rollout batch ...
 mini_batch_prompts = 4                         # ... and 16 per optimizer step: 8 updates per rollout, as here
 num_generations = 8
-max_completion_length = 40
+max_completion_length = 56                     # level 4's teacher answer is 50 tokens
 rl_lr = 5e-5
 sft_alpha = 0.1
 eval_every = 2                                 # rollouts between held-out evaluations
@@ -188,6 +188,7 @@ all step metrics finite: True
 GPPO-preserved fraction is 0 for the non-GPPO losses: True
 """
 cells[-1].outputs = [nbf.v4.new_output("stream", name="stdout", text=SMOKE_CHECK_OUTPUT)]
+cells[-1].execution_count = 1  # nbval refuses a stored output on a cell that was never run
 
 nb = nbf.v4.new_notebook(cells=cells, metadata={
     "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
