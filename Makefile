@@ -14,6 +14,9 @@ export TOKENIZERS_PARALLELISM := false
 # Create the venv if missing and install the pinned packages. torch==2.13.0 first: on these machines it is the
 # CPU wheel on disk, and installing it before anything else keeps pip from pulling a multi-GB CUDA build.
 $(STAMP): pyproject.toml
+	@# The code sandbox runs untrusted programs under Debian's bubblewrap: install it if it is missing.
+	@command -v bwrap >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0

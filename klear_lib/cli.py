@@ -299,6 +299,7 @@ def run_notebook(
             parameters={**params, RUN_DIR_PARAM: str(run_dir)},
             kernel_name=KERNEL_NAME,
             progress_bar=progress_bar,
+            stdout_file=sys.stderr,  # stream the notebook's own progress lines (a long cell shows where it is)
             cwd=str(layout.repo_root),
         )
     except Exception as err:  # PapermillExecutionError, or a dead kernel: both leave `output` behind

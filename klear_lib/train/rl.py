@@ -16,6 +16,9 @@ How it departs from TRL's GRPOTrainer (and so from GRPO as TRL implements it):
    mini-batch on, the ratio differs from 1, which is what every clip variant acts on (reference section 1,
    "on-policy steps hide GPPO").
 
+With vLLM rollouts, the old log-probs and entropies come from the training model's scoring pass (as in verl);
+TRL's vLLM importance-sampling correction is not applied and must be off.
+
 TRL internals overridden (pinned to ``TRL_VERSION``; ``tests/test_trl_contract.py`` fails when they move):
 ``_generate_and_score_completions``, ``_calculate_rewards``, ``_get_per_token_logps_and_entropies``,
 ``_compute_loss``.
@@ -85,6 +88,11 @@ class KlearGRPOTrainer(GRPOTrainer):
                 stacklevel=2,
             )
         super().__init__(*args, **kwargs)
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            raise ValueError(
+                "KlearGRPOTrainer does not apply TRL's vLLM importance-sampling correction (Klear has none; the old "
+                "log-probs are the training model's, as in verl): set GRPOConfig.vllm_importance_sampling_correction=False"
+            )
         self.klear = klear or KlearLossConfig()
         if self.beta != 0.0:
             raise ValueError(f"Klear uses no KL term: GRPOConfig.beta must be 0.0, got {self.beta}")
@@ -269,6 +277,7 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         epsilon=cfg.clip_low,  # unused by our loss; set so TRL's own logs agree
         epsilon_high=cfg.clip_high,
         use_vllm=cfg.use_vllm,
+        vllm_importance_sampling_correction=False,  # see KlearGRPOTrainer.__init__
         use_cpu=cfg.use_cpu,
         bf16=cfg.bf16,
         seed=cfg.seed,
