@@ -124,3 +124,78 @@ def corpus(problems: list[Problem]) -> list[str]:
     """Every text a tokenizer for this task must cover: questions and teacher solutions."""
     rng = random.Random(0)
     return [p.question for p in problems] + [teacher_solution(p, rng) for p in problems]
+
+
+# -- program synthesis (the code reward's tiny task) -------------------------------------------------------------
+# From four input/output examples the model writes a two-branch Python function, f(x) = x + a for even x and
+# x + b for odd x (a, b in 0..9). The hidden tests are other inputs, half even and half odd, so a program with
+# one branch right passes half of them: partial credit, which the soft (pass-rate) reward sees and the hard
+# (all-or-nothing) one does not. The chain of thought reads a off f(0) and b off f(1) - 1.
+
+CODE_EXAMPLE_INPUTS = (0, 1, 2, 3)
+CODE_TEST_INPUTS = tuple(range(4, 20))  # 16 hidden tests: Klear runs up to 16 per sample
+
+
+@dataclass(frozen=True)
+class CodeProblem:
+    question: str
+    even_add: int
+    odd_add: int
+
+    def f(self, x: int) -> int:
+        return x + (self.even_add if x % 2 == 0 else self.odd_add)
+
+    @property
+    def tests(self) -> list[dict]:
+        """Function-call tests in the format of klear_lib.rewards.code (``fn_name``, ``args``, ``expected``)."""
+        return [{"fn_name": "f", "args": [x], "expected": self.f(x)} for x in CODE_TEST_INPUTS]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def code_problem(even_add: int, odd_add: int) -> CodeProblem:
+    """The problem whose function adds ``even_add`` to even and ``odd_add`` to odd inputs."""
+    probe = CodeProblem("", even_add, odd_add)
+    examples = ", ".join(f"f({x}) = {probe.f(x)}" for x in CODE_EXAMPLE_INPUTS)
+    return CodeProblem(f"Write a Python function f with {examples}.", even_add, odd_add)
+
+
+def make_code_splits(seed: int, n_train: int, n_heldout: int) -> tuple[list[CodeProblem], list[CodeProblem]]:
+    """Train / held-out code problems from one seed; the 100 (a, b) pairs are split, never shared."""
+    rng = random.Random(seed)
+    pairs = [(a, b) for a in range(10) for b in range(10)]
+    rng.shuffle(pairs)
+    if not 0 < n_heldout < len(pairs):
+        raise ValueError(f"n_heldout must be in 1..{len(pairs) - 1}, got {n_heldout}")
+    held_pairs, train_pairs = pairs[:n_heldout], pairs[n_heldout:]
+
+    heldout = [code_problem(a, b) for a, b in held_pairs]
+    train = [code_problem(*rng.choice(train_pairs)) for _ in range(n_train)]
+    return train, heldout
+
+
+def code_teacher_solution(problem: CodeProblem, rng: random.Random | None = None, *, error_rate: float = 0.0) -> str:
+    """The teacher's response: read the offsets off the examples, then one fenced ``python`` block.
+
+    With ``error_rate`` > 0 each of the two offsets is wrong with that probability (the program then fails the
+    tests of that branch only).
+    """
+    rng = rng or random.Random(0)
+    a, b = problem.even_add, problem.odd_add
+    if error_rate and rng.random() < error_rate:
+        a = (a + rng.randint(1, 9)) % 10
+    if error_rate and rng.random() < error_rate:
+        b = (b + rng.randint(1, 9)) % 10
+    think = f"<think>\nf(0) = {problem.f(0)} so even x adds {a}\nf(1) = {problem.f(1)} so odd x adds {b}\n</think>\n"
+    code = f"def f(x):\n    if x % 2 == 0:\n        return x + {a}\n    return x + {b}\n"
+    return think + "```python\n" + code + "```"
+
+
+def code_prompt_messages(problem: CodeProblem) -> list[dict]:
+    return [{"role": "user", "content": problem.question}]
+
+
+def code_corpus(problems: list[CodeProblem]) -> list[str]:
+    rng = random.Random(0)
+    return [p.question for p in problems] + [code_teacher_solution(p, rng) for p in problems]
