@@ -227,9 +227,10 @@ class HeldoutEvalCallback(TrainerCallback):
         self.clock = Stopwatch()
 
     def _run(self, model, step: int) -> None:
-        res = self.evaluate(model)
-        rec = {**self.tags, "step": step, "eval/avg_at_n": res["avg_at_n"], "eval/format_rate": res["format_rate"]}
-        rec.update({f"eval/avg_at_n_level{lvl}": v for lvl, v in res["by_level"].items()})
+        res = self.evaluate(model)  # {"avg_at_n": float, "n": int, other floats, "by_level": {level: float}}
+        rec = {**self.tags, "step": step}
+        rec.update({f"eval/{k}": v for k, v in res.items() if isinstance(v, float)})
+        rec.update({f"eval/avg_at_n_level{lvl}": v for lvl, v in res.get("by_level", {}).items()})
         self.writer.write(rec)
         self.history.append(rec)
         tags = " ".join(f"{k}={v}" for k, v in self.tags.items())
@@ -249,14 +250,30 @@ def correctness_reward(completions, answer, **kwargs) -> list[float]:
     return [exact_answer_reward(t, a)[0] for t, a in zip(texts, answer)]
 
 
-def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None, output_dir=None, progress=print):
+def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None, output_dir=None, progress=print,
+           rows=None, reward_funcs=None, evaluate=None):
     """RL from ``model`` (the SFT start) with ``cfg`` (an ``RLExperimentConfig``); returns (model, eval history).
 
-    Metrics go to ``writer`` (a ``runs.MetricsWriter``) as one record per optimizer step and per evaluation.
-    The caller sets the seed (``runs.set_seed``) before building the model.
+    The task is the tiny arithmetic one unless the caller passes its own: ``rows`` (dataset rows with a
+    ``prompt`` and the columns its reward functions read), ``reward_funcs`` (TRL reward functions) and
+    ``evaluate`` (model -> ``{"avg_at_n": float, "n": int, ...}``). Metrics go to ``writer`` (a
+    ``runs.MetricsWriter``), one record per optimizer step and per evaluation. The caller sets the seed
+    (``runs.set_seed``) before building the model.
     """
     tags = dict(tags or {})
-    dataset = Dataset.from_list([{"prompt": prompt_messages(p), "answer": p.answer} for p in train_problems])
+    if rows is None:
+        rows = [{"prompt": prompt_messages(p), "answer": p.answer} for p in train_problems]
+    if evaluate is None:
+        evaluate = partial(
+            evaluate_heldout,
+            tokenizer=tokenizer,
+            problems=heldout,
+            n=cfg.eval_n,
+            temperature=cfg.eval_temperature,
+            top_p=cfg.eval_top_p,
+            max_new_tokens=cfg.max_completion_length,
+        )
+    dataset = Dataset.from_list(rows)
     upr = cfg.updates_per_rollout
     args = GRPOConfig(
         output_dir=str(output_dir or tempfile.mkdtemp(prefix="klear-rl-")),
@@ -287,19 +304,10 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         report_to="none",
         disable_tqdm=True,
     )
-    evaluate = partial(
-        evaluate_heldout,
-        tokenizer=tokenizer,
-        problems=heldout,
-        n=cfg.eval_n,
-        temperature=cfg.eval_temperature,
-        top_p=cfg.eval_top_p,
-        max_new_tokens=cfg.max_completion_length,
-    )
     eval_cb = HeldoutEvalCallback(lambda m: evaluate(m), writer, cfg.eval_every * upr, tags, progress)
     trainer = KlearGRPOTrainer(
         model=model,
-        reward_funcs=[correctness_reward],
+        reward_funcs=reward_funcs or [correctness_reward],
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
