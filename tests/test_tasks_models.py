@@ -92,3 +92,29 @@ def test_tiny_model_size_and_offline_roundtrip(tmp_path, tokenizer):
         assert torch.allclose(model(ids).logits, model2(ids).logits, atol=1e-6)
     assert tok2.get_vocab() == tokenizer.get_vocab()
     assert model2.generation_config.eos_token_id == tokenizer.eos_token_id
+
+
+# -- the program-synthesis task, judged by the real sandbox ----------------------------------------------------
+def test_code_splits_hold_out_whole_functions():
+    train, held = tasks.make_code_splits(3, 500, 20)
+    held_pairs = {(p.even_add, p.odd_add) for p in held}
+    assert len(held_pairs) == 20
+    assert not held_pairs & {(p.even_add, p.odd_add) for p in train}
+    p = tasks.code_problem(4, 7)
+    # f(0) = 0 + 4, f(1) = 1 + 7, f(2) = 2 + 4, f(3) = 3 + 7
+    assert p.question == "Write a Python function f with f(0) = 4, f(1) = 8, f(2) = 6, f(3) = 10."
+    assert [t["expected"] for t in p.tests[:2]] == [8, 12] and len(p.tests) == 16
+
+
+@pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="bubblewrap is not installed")
+def test_teacher_programs_pass_in_the_sandbox_and_one_wrong_branch_passes_half():
+    from klear_lib.rewards.code import score_code
+
+    p = tasks.code_problem(4, 7)
+    good = tasks.code_teacher_solution(p)
+    assert score_code(good, p.tests, mode="soft").score == 1.0
+    wrong_odd = good.replace("return x + 7", "return x + 6")
+    res = score_code(wrong_odd, p.tests, mode="soft")
+    assert (res.passed, res.total, res.score) == (8, 16, 0.5)
+    assert score_code(wrong_odd, p.tests, mode="hard").score == 0.0
+    assert score_code(wrong_odd, p.tests, mode="signed").score == 0.0  # 2 * 0.5 - 1
