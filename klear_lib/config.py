@@ -104,6 +104,8 @@ class RLExperimentConfig:
     """GRPO std: unbiased (Klear's code) / population (the paper) / none."""
     filter_groups: bool = True
     """Klear's zero-advantage group filter."""
+    filter_rule: str = "klear"
+    """``klear``: keep a group if its fully-correct indicator varies; ``dapo``: if its rewards vary."""
     rollouts: int = 10
     """Rollout batches (generation rounds); optimizer steps = rollouts × rollout_prompts / mini_batch_prompts."""
     rollout_prompts: int = 32
@@ -182,6 +184,7 @@ class RLExperimentConfig:
             loss_agg_mode=self.loss_agg_mode,
             adv_std=self.adv_std,
             filter_groups=self.filter_groups,
+            filter_rule=self.filter_rule,
             sft_alpha=self.sft_alpha,
         )
 

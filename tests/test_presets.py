@@ -14,7 +14,7 @@ PRESETS = [(nb, y.stem) for nb in NOTEBOOKS for y in sorted((ROOT / "params" / n
 SCALE_KEYS = {
     "model", "n_train", "n_heldout", "sft_epochs", "sft_lr", "sft_batch_size", "rollouts", "rollout_prompts",
     "mini_batch_prompts", "num_generations", "max_completion_length", "rl_lr", "eval_every", "eval_n",
-    "eval_temperature", "use_vllm", "use_cpu", "bf16", "variants", "seeds",
+    "eval_temperature", "use_vllm", "use_cpu", "bf16", "variants", "reward_modes", "seeds",
 }
 
 

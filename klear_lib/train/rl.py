@@ -73,6 +73,8 @@ class KlearLossConfig:
     def __post_init__(self) -> None:
         if self.loss_name not in POLICY_LOSSES:
             raise ValueError(f"loss_name {self.loss_name!r} is not registered; registered: {sorted(POLICY_LOSSES)}")
+        if self.filter_rule not in ("klear", "dapo"):
+            raise ValueError(f"filter_rule must be 'klear' or 'dapo', got {self.filter_rule!r}")
         if self.sft_alpha < 0:
             raise ValueError(f"sft_alpha must be >= 0, got {self.sft_alpha}")
 

@@ -1,0 +1,230 @@
+"""The math judge: Klear's ``<think>`` format rule, then math-verify on the text after the last ``</think>``.
+
+Rule (reference §5, "Rewards / Math"):
+
+1. Format. The released code (Kwai-Klear ``math_dapo.compute_score(..., is_longcot=True)``) checks, in this
+   order: no ``</think>`` → −0.5; else no ``<think>`` → −2.0. The paper only says the format is required;
+   ``format_rule="paper"`` reads that as "a format failure is a wrong answer" (−1). ``format_rule="none"``
+   skips the check (the answer is then the whole response when it has no ``</think>``).
+2. Answer. The text after the LAST ``</think>`` is parsed with math-verify (LaTeX first, ``\\boxed{}`` first
+   among LaTeX; then plain expressions), the gold answer too, and ``verify(gold, answer)`` decides: ±1.
+
+Every judgement is a ``RewardResult`` whose ``reason`` is one of ``REASONS``.
+
+What math-verify 0.9 accepts (the agreement table in tests/test_reward_math.py, 114 of 126 cases agree with
+the mathematical verdict): equivalent numbers and expressions (3/4 = 0.75 = \frac{6}{8}, 2\sqrt{2} = \sqrt{8},
+x = 3 for 3), sets, intervals, tuples and matrices; ``\text{}`` units and degree signs are dropped (5 cm = 5,
+30° = 30, but 30° ≠ π/6); ``p\%`` equals p/100 and, leniently, also p (50 passes for 50%); numbers are compared
+after rounding to 6 decimals (0.3333333 passes for 1/3); unicode ½, √2, π are not read.
+
+Timeouts. math-verify bounds its parse and its comparison with ``signal.alarm`` (whole seconds), which only works
+in a process's main thread. ``score_math`` hands math-verify one budget of ``timeout_s`` for the whole judgement:
+each math-verify call gets the time still left, rounded up to whole seconds, so a judgement returns within
+``timeout_s + 1`` s (measured in tests/test_reward_math.py). Called from another thread it raises: grade through
+``klear_lib.rewards.pool.RewardPool``, whose workers run ``score_math`` in their main threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+import threading
+import time
+from dataclasses import dataclass
+from itertools import product
+
+from math_verify import parse, verify
+from math_verify.errors import TimeoutException
+
+from klear_lib.rewards.result import RewardResult
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+#: Every reason ``score_math`` can give, and what it means.
+REASONS = {
+    "correct": "the answer after </think> verifies against the gold answer",
+    "wrong": "an answer was parsed but does not verify",
+    "no_think_close": "the response has no </think> (format failure)",
+    "no_think_open": "the response has </think> but no <think> (format failure)",
+    "no_answer": "nothing math-verify can extract after the last </think>",
+    "timeout": "parsing or verifying the answer ran past timeout_s",
+    "parse_error": "math-verify found an answer but could not turn it into a math expression",
+    "gold_parse_error": "the gold answer itself could not be parsed (a data problem, not the model's)",
+}
+
+FORMAT_RULES = ("released", "paper", "none")
+
+
+@dataclass(frozen=True)
+class MathRewardOptions:
+    """Options of ``score_math``; every field is a keyword of ``score_math``."""
+
+    correct_score: float = 1.0
+    """Score of a verified answer (reference §5: ±1)."""
+    wrong_score: float = -1.0
+    """Score of a wrong, missing, unparseable or timed-out answer, and of a format failure under ``"paper"``."""
+    no_think_close_score: float = -0.5
+    """Released code: score of a response without ``</think>`` (checked first)."""
+    no_think_open_score: float = -2.0
+    """Released code: score of a response with ``</think>`` but without ``<think>``."""
+    format_rule: str = "released"
+    """``"released"`` (the −0.5 / −2.0 penalties above), ``"paper"`` (format failure → ``wrong_score``), or
+    ``"none"`` (no format check)."""
+    timeout_s: float = 5.0
+    """Wall-clock budget for the whole judgement (gold parse, answer parse, verification), in seconds."""
+
+    def __post_init__(self):
+        if self.format_rule not in FORMAT_RULES:
+            raise ValueError(f"format_rule={self.format_rule!r}; valid: {', '.join(FORMAT_RULES)}")
+        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {self.timeout_s!r}")
+
+
+OPTION_NAMES = tuple(f.name for f in dataclasses.fields(MathRewardOptions))
+
+
+def make_options(**options) -> MathRewardOptions:
+    """Build ``MathRewardOptions``; an unknown option is a TypeError that lists the valid ones."""
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
+        raise TypeError(f"unknown math reward option(s) {unknown}; valid: {', '.join(OPTION_NAMES)}")
+    return MathRewardOptions(**options)
+
+
+class _Deadline:
+    """One time budget shared by every math-verify call of a judgement.
+
+    math-verify arms ``signal.alarm(n)`` per call, with whole seconds, and disarms it after; nested alarms
+    cancel each other, so instead of one outer alarm each call gets the time left, rounded up.
+    """
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def seconds(self) -> int:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise TimeoutException("judgement budget spent")
+        return max(1, math.ceil(left))  # alarm(0) would mean "no timeout": never pass 0
+
+
+def _is_math(x) -> bool:
+    # parse() returns sympy objects first and, as a fallback, the raw matched string.
+    return not isinstance(x, str)
+
+
+_MATH_DELIMITER = re.compile(r"(?<!\\)\$|\\\(|\\\[")  # $ (not the escaped currency sign \$), \( or \[
+
+
+def gold_source(gold: str) -> str:
+    """The gold answer as math-verify's LaTeX extractor wants it.
+
+    Gold answers come bare (``3/4``, ``\\frac{3}{4}``, ``(1, 2]``); bare LaTeX is only found inside a math
+    environment, so a gold without one is wrapped in ``\\boxed{}`` (the released code does the same).
+    """
+    gold = str(gold).strip()
+    if "\\boxed" in gold or _MATH_DELIMITER.search(gold):
+        return gold
+    return f"\\boxed{{{gold}}}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold_cached(src: str, seconds: int) -> tuple:
+    # A group of G completions shares one gold: parse it once per worker. Exceptions are not cached.
+    return tuple(parse(src, parsing_timeout=seconds, raise_on_error=True))
+
+
+def extract_answer(response: str) -> str:
+    """The text after the last ``</think>`` (the whole response when there is none)."""
+    return response.rsplit(THINK_CLOSE, 1)[-1]
+
+
+def _format_failure(response: str, opts: MathRewardOptions) -> RewardResult | None:
+    """Reference §5: released code checks ``</think>`` first (−0.5), then ``<think>`` (−2.0)."""
+    if opts.format_rule == "none":
+        return None
+    for tag, reason, released_score in ((THINK_CLOSE, "no_think_close", opts.no_think_close_score),
+                                        (THINK_OPEN, "no_think_open", opts.no_think_open_score)):
+        if tag not in response:
+            score = released_score if opts.format_rule == "released" else opts.wrong_score
+            return RewardResult(score, reason)
+    return None
+
+
+def _short(x, n: int = 120) -> str:
+    s = x if isinstance(x, str) else type(x).__name__  # never str() a sympy object: it can hang
+    return s if len(s) <= n else s[:n] + "..."
+
+
+def score_math(response: str, gold: str, **options) -> RewardResult:
+    """Klear's math reward of one ``response`` against the ``gold`` answer (reference §5).
+
+    Options (see ``MathRewardOptions``): ``correct_score=1.0, wrong_score=-1.0, no_think_close_score=-0.5,
+    no_think_open_score=-2.0, format_rule="released"|"paper"|"none", timeout_s=5.0``.
+
+    >>> score_math("<think>3 quarters</think> The answer is $\\\\frac{3}{4}$.", "0.75")
+    RewardResult(score=1.0, reason='correct', passed=None, total=None, detail='')
+    >>> score_math("<think>...", "1").reason
+    'no_think_close'
+
+    Must run in a process's main thread (math-verify's timeouts are SIGALRM); elsewhere it raises RuntimeError.
+    """
+    opts = make_options(**options)
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(
+            "score_math needs a process's main thread: math-verify's timeouts use SIGALRM, which only works "
+            "there. Grade from threads through klear_lib.rewards.pool.RewardPool (a process pool) instead."
+        )
+    response = "" if response is None else str(response)
+
+    failed = _format_failure(response, opts)
+    if failed is not None:
+        return failed
+    wrong = functools.partial(RewardResult, opts.wrong_score)
+
+    answer_text = extract_answer(response)
+    if not answer_text.strip():
+        return wrong("no_answer", detail="empty after </think>")
+
+    deadline = _Deadline(opts.timeout_s)
+    try:
+        gold_parsed = _parse_gold_cached(gold_source(gold), deadline.seconds())
+    except TimeoutException:
+        return wrong("gold_parse_error", detail=f"timed out parsing gold {_short(str(gold))}")
+    except Exception as e:  # noqa: BLE001 - any failure of the gold is a data problem, reported as such
+        return wrong("gold_parse_error", detail=f"{type(e).__name__} on gold {_short(str(gold))}")
+    if not gold_parsed:
+        return wrong("gold_parse_error", detail=f"nothing to parse in gold {_short(str(gold))}")
+
+    try:
+        answer = parse(answer_text, parsing_timeout=deadline.seconds(), raise_on_error=True)
+    except TimeoutException:
+        return wrong("timeout", detail="parsing the answer")
+    except Exception as e:  # noqa: BLE001 - sympy/antlr raise many types on malformed input
+        return wrong("parse_error", detail=f"{type(e).__name__}: {_short(str(e))}")
+    if not answer:
+        return wrong("no_answer", detail="math-verify found no answer after </think>")
+
+    # verify(gold, answer) is "any (gold, answer) pair matches". It is run pair by pair here so that a timeout
+    # is seen (math-verify would log it and return False) and all pairs share the one budget; exact-text pairs
+    # go first, so an answer written exactly like the gold is not lost to a slow symbolic comparison.
+    pairs = sorted(product(gold_parsed, answer), key=lambda p: _is_math(p[0]) or _is_math(p[1]))
+    timed_out = False
+    for g, a in pairs:
+        try:
+            if verify(g, a, timeout_seconds=deadline.seconds(), raise_on_error=True):
+                return RewardResult(opts.correct_score, "correct")
+        except TimeoutException:
+            timed_out = True  # other pairs may still match within what is left of the budget
+        except Exception:  # noqa: BLE001 - math-verify's own default: a comparison that errors is False
+            continue
+    if timed_out:
+        return wrong("timeout", detail="verifying the answer")
+    if not any(_is_math(g) for g in gold_parsed):
+        return wrong("gold_parse_error", detail=f"gold only as text {_short(gold_parsed[-1])}")
+    if not any(_is_math(a) for a in answer):
+        # Found (e.g. "\\frac{1}{") but only as text: compared as a string, and it did not match.
+        return wrong("parse_error", detail=f"answer only as text {_short(answer[-1])}")
+    return wrong("wrong", detail=f"answer {_short(answer[-1])}")
