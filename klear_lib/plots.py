@@ -13,6 +13,7 @@ from klear_lib.runs import read_metrics
 # Human titles for the metrics a notebook plots; the formulas live in klear_lib.losses.METRICS.
 TITLES = {
     "eval/avg_at_n": "held-out avg@n",
+    "eval/pass_rate": "held-out mean test pass rate",
     "reward": "mean reward (rollouts)",
     "entropy": "token entropy (current policy)",
     "actor/pg_clipfrac_low": "clip fraction, low (A<0, r<1-ε_l)",
