@@ -489,6 +489,10 @@ def test_non_root_caller_is_contained_too(visible_dir):
     secret = secrets.token_hex(16)
     (home / "secret.txt").write_text(secret)
     os.chown(home / "secret.txt", 65534, 65534)
+    # nobody may not be able to read the checkout (a fresh clone under a 0700 mktemp dir): give it a copy
+    module_copy = visible_dir / "sandbox_module.py"
+    shutil.copyfile(sandbox.__file__, module_copy)
+    os.chmod(module_copy, 0o644)
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
@@ -496,7 +500,7 @@ def test_non_root_caller_is_contained_too(visible_dir):
     try:
         p = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "env", "-i",
                             f"HOME={home}", "KLEAR_TEST_API_KEY=" + secret, python, "-I", "-c", NON_ROOT_PROBE,
-                            sandbox.__file__, str(server.getsockname()[1]), str(home / "secret.txt")],
+                            str(module_copy), str(server.getsockname()[1]), str(home / "secret.txt")],
                            capture_output=True, text=True, timeout=60)
         if "namespace" in p.stderr:
             pytest.skip(f"unprivileged user namespaces are not allowed here: {p.stderr[-300:]}")
