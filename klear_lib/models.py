@@ -134,3 +134,13 @@ def load_model_and_tokenizer(name_or_path: str | Path, *, dtype: torch.dtype | s
 def count_parameters(model) -> int:
     """Distinct parameters (tied embeddings counted once)."""
     return sum(p.numel() for p in model.parameters())
+
+
+def model_for(cfg, corpus_texts: list[str]):
+    """The starting model of an experiment config: ``cfg.model == "tiny"`` builds the tiny Qwen3 and a tokenizer
+    trained on ``corpus_texts`` (the task's own text); anything else is a hub name or local folder, loaded."""
+    if cfg.model == "tiny":
+        tokenizer = build_tokenizer(corpus_texts, vocab_size=cfg.vocab_size)
+        spec = TinyModelSpec(hidden_size=cfg.tiny_hidden, num_hidden_layers=cfg.tiny_layers)
+        return build_tiny_model(tokenizer, spec, seed=cfg.seed), tokenizer
+    return load_model_and_tokenizer(cfg.model)

@@ -107,12 +107,7 @@ the comparison isolates the loss. The model learns the `<think>` format and most
     code(r"""clock = time.perf_counter()
 runs.set_seed(base.seed)
 train, heldout = tasks.make_splits(base.data_seed, base.n_train, base.n_heldout, base.level_list)
-if base.model == "tiny":
-    tokenizer = models.build_tokenizer(tasks.corpus(train), vocab_size=base.vocab_size)
-    model0 = models.build_tiny_model(tokenizer, models.TinyModelSpec(hidden_size=base.tiny_hidden,
-                                                                     num_hidden_layers=base.tiny_layers))
-else:
-    model0, tokenizer = models.load_model_and_tokenizer(base.model)
+model0, tokenizer = models.model_for(base, tasks.corpus(train))
 print(f"model: {base.model}, {models.count_parameters(model0):,} parameters, vocabulary {len(tokenizer)}")
 sft_cfg = SFTStageConfig(learning_rate=base.sft_lr, epochs=base.sft_epochs, batch_size=base.sft_batch_size,
                          seed=base.seed, use_cpu=base.use_cpu, bf16=base.bf16)
@@ -295,12 +290,7 @@ print(f"{len(chosen)} reward modes x {len(seed_list)} seeds; {base.max_steps} op
     code(r"""clock = time.perf_counter()
 runs.set_seed(base.seed)
 train, heldout = tasks.make_code_splits(base.data_seed, base.n_train, base.n_heldout)
-if base.model == "tiny":
-    tokenizer = models.build_tokenizer(tasks.code_corpus(train), vocab_size=base.vocab_size)
-    model0 = models.build_tiny_model(tokenizer, models.TinyModelSpec(hidden_size=base.tiny_hidden,
-                                                                     num_hidden_layers=base.tiny_layers))
-else:
-    model0, tokenizer = models.load_model_and_tokenizer(base.model)
+model0, tokenizer = models.model_for(base, tasks.code_corpus(train))
 print(f"model: {base.model}, {models.count_parameters(model0):,} parameters, vocabulary {len(tokenizer)}")
 rng = random.Random(base.data_seed)
 samples = [{"prompt": tasks.code_prompt_messages(p),

@@ -42,7 +42,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from klear_lib.rewards.result import RewardResult
+from klear_lib.rewards.result import RewardResult, build_options
 from klear_lib.rewards.sandbox import SandboxResult, run_python
 
 THINK_CLOSE = "</think>"
@@ -105,10 +105,7 @@ OPTION_NAMES = tuple(f.name for f in dataclasses.fields(CodeRewardOptions))
 
 def make_options(**options) -> CodeRewardOptions:
     """Build ``CodeRewardOptions``; an unknown option is a TypeError that lists the valid ones."""
-    unknown = sorted(set(options) - set(OPTION_NAMES))
-    if unknown:
-        raise TypeError(f"unknown code reward option(s) {unknown}; valid: {', '.join(OPTION_NAMES)}")
-    return CodeRewardOptions(**options)
+    return build_options(CodeRewardOptions, "code reward", options)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from itertools import product
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
-from klear_lib.rewards.result import RewardResult
+from klear_lib.rewards.result import RewardResult, build_options
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -87,10 +87,7 @@ OPTION_NAMES = tuple(f.name for f in dataclasses.fields(MathRewardOptions))
 
 def make_options(**options) -> MathRewardOptions:
     """Build ``MathRewardOptions``; an unknown option is a TypeError that lists the valid ones."""
-    unknown = sorted(set(options) - set(OPTION_NAMES))
-    if unknown:
-        raise TypeError(f"unknown math reward option(s) {unknown}; valid: {', '.join(OPTION_NAMES)}")
-    return MathRewardOptions(**options)
+    return build_options(MathRewardOptions, "math reward", options)
 
 
 class _Deadline:

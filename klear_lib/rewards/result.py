@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -22,3 +22,12 @@ class RewardResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def build_options(cls, what: str, options: dict):
+    """Build the options dataclass ``cls`` from keyword options; an unknown one is a TypeError listing the valid."""
+    valid = [f.name for f in fields(cls)]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise TypeError(f"unknown {what} option(s) {unknown}; valid: {', '.join(valid)}")
+    return cls(**options)
