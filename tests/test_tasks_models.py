@@ -50,6 +50,13 @@ def test_exact_answer_reward_reasons(text, reward, reason):
     assert tasks.exact_answer_reward(text, 3) == (reward, reason)
 
 
+def test_a_held_out_split_larger_than_half_the_question_space_is_refused():
+    # level 1 has 10 first digits x 3 steps = 30 questions
+    with pytest.raises(ValueError, match="n_heldout=16 is too large for levels \\(1,\\): they have 30"):
+        tasks.make_splits(0, 10, 16, levels=(1,))
+    assert len(tasks.make_splits(0, 10, 15, levels=(1,))[1]) == 15
+
+
 def test_splits_are_fixed_by_the_seed_and_disjoint():
     a_train, a_held = tasks.make_splits(7, 300, 40)
     b_train, b_held = tasks.make_splits(7, 300, 40)

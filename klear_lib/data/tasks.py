@@ -59,6 +59,10 @@ def make_splits(
     """
     rng = random.Random(seed)
     heldout, seen = [], set()
+    space = sum(10 * MAX_STEP ** (LEVELS[lvl] - 1) for lvl in set(levels))  # distinct questions of these levels
+    if n_heldout > space // 2:
+        raise ValueError(f"n_heldout={n_heldout} is too large for levels {levels}: they have {space} distinct "
+                         f"questions and at most half may be held out")
     while len(heldout) < n_heldout:
         p = make_problem(rng, rng.choice(levels))
         if p.question not in seen:
