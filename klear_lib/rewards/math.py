@@ -22,6 +22,9 @@ in a process's main thread. ``score_math`` hands math-verify one budget of ``tim
 each math-verify call gets the time still left, rounded up to whole seconds, so a judgement returns within
 ``timeout_s + 1`` s (measured in tests/test_reward_math.py). Called from another thread it raises: grade through
 ``klear_lib.rewards.pool.RewardPool``, whose workers run ``score_math`` in their main threads.
+A signal cannot interrupt a long C-level routine (a big-integer power inside sympy, say): rarely, the alarm then
+fires only when that routine returns, minutes later. Only a process kill bounds that case, which is why training
+grades through the pool (its per-item limit kills the worker and scores the item ``timeout``).
 """
 
 from __future__ import annotations
