@@ -1,0 +1,595 @@
+"""Real data through the `datasets` library: Klear RL records, long-CoT SFT sources, benchmark problems.
+
+Every loader takes a hub name or a local path and returns plain, validated Python records:
+
+  * RL prompts (reference §5, "RL data"): HF datasets ``Kwai-Klear/KlearReasoner-MathSub-30K`` and
+    ``Kwai-Klear/KlearReasoner-CodeSub-15K``, one row per prompt ->
+    ``RLRecord`` (``load_klear_rl``);
+  * long-CoT SFT sources, one loader per family, all mapped to ``SFTSample`` (``SFT_FAMILIES``,
+    ``load_sft_source``); the field mapping of each family is in its loader's docstring;
+  * benchmark problems for evaluation and decontamination (reference §7): the Klear repo's AIME and HMMT
+    JSONL files, whose two schemas differ -> ``EvalProblem`` (``load_eval_problems``).
+
+Where the data comes from. ``name_or_path`` is resolved in this order:
+
+  1. an existing ``.jsonl``/``.json`` file -> ``load_dataset("json", data_files=...)``; ``.parquet`` ->
+     ``load_dataset("parquet", ...)``;
+  2. an existing directory written by ``save_to_disk`` (``state.json`` or ``dataset_dict.json`` inside) ->
+     ``load_from_disk`` (``split`` picks the split of a saved DatasetDict; a saved Dataset is the one
+     split); any other directory -> ``load_dataset(directory)`` (datasets infers the builder
+     from the data files in it);
+  3. something that looks like a path (a file suffix above, or a leading ``/ ./ ../ ~``) but does not exist
+     -> ``FileNotFoundError`` (never a silent hub lookup);
+  4. anything else is a hub dataset name -> ``load_dataset(name, config, split=...)``.
+
+Validation. Every row is checked before it is mapped. A missing (absent or null: Arrow cannot tell them
+apart) or wrong-typed field raises ``SchemaError`` naming the dataset, the row index, the dotted field path,
+what was expected and what was found, e.g.::
+
+    KlearReasoner-MathSub-30K row 17: field 'reward_model.ground_truth' must be str, got int (5)
+
+An empty dataset is an error as well, so is a filter (``ability=``) that keeps nothing.
+
+Writers. ``write_jsonl`` and one row builder per schema (``klear_rl_row``, ``openr1_row``, ``messages_row``,
+``aime_row``, ``hmmt_row``) produce rows in the real schemas, so tests and notebooks write their own small
+fixtures instead of shipping downloaded data. ``sft_sample_to_chat`` turns a sample into the
+prompt/completion conversational format that ``klear_lib.train.sft.run_sft`` trains on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import datasets
+import pyarrow.parquet as pq
+
+__all__ = [
+    "SchemaError", "RLRecord", "SFTSample", "EvalProblem",
+    "load_klear_rl", "load_openr1", "load_chat", "load_columns", "SFT_FAMILIES", "load_sft_source",
+    "load_eval_problems",
+    "write_jsonl", "klear_rl_row", "openr1_row", "messages_row", "aime_row", "hmmt_row", "sft_sample_to_chat",
+]
+
+JSON_SUFFIXES = (".jsonl", ".json")
+PARQUET_SUFFIXES = (".parquet",)
+
+#: ``data_source`` values whose ground truth is a JSON string of tests, as dispatched by the released reward
+#: code (``verl/utils/reward_score``: ``coder1`` plus the rllm code sources; a ``_longcot`` suffix is
+#: stripped before the lookup). A record whose ``ability`` is in ``CODE_ABILITIES`` counts as code too.
+CODE_DATA_SOURCES = frozenset({
+    "coder1", "apps", "taco", "code_contests", "codeforces", "livecodebench", "kodcode", "leetcode",
+    "primeintellect", "humanevalplus",
+})
+CODE_ABILITIES = frozenset({"code", "coding"})
+
+# Chat layouts: "messages" rows use role/content; "conversations" rows (OpenThoughts) use from/value with
+# ShareGPT role names (OpenThoughts-114k says user/assistant, OpenThoughts3 human/gpt).
+_CONVERSATION_ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant",
+                       "system": "system"}
+
+
+class SchemaError(ValueError):
+    """A row (or the whole dataset) does not match the schema its loader expects."""
+
+
+@dataclass(frozen=True)
+class RLRecord:
+    """One RL prompt. ``ground_truth`` is the gold answer (str) for math, the parsed tests (list or dict)
+    for code; ``prompt`` keeps only ``role`` and ``content`` of each message."""
+
+    data_source: str
+    prompt: list[dict]
+    ability: str
+    ground_truth: str | list | dict
+    source_row: int
+
+
+@dataclass(frozen=True)
+class SFTSample:
+    """One (prompt, long-CoT response) pair in the one schema every SFT family maps to.
+
+    ``source`` names where it comes from (what ``selection.top_k_sources`` ranks); ``verdict`` is the
+    teacher response's correctness where the source records one, else None; ``difficulty`` is a label
+    where the source has one, else None; ``row`` is the index of the dataset row it came from (an OpenR1
+    row gives several samples with the same ``row``).
+    """
+
+    prompt: str
+    response: str
+    source: str
+    verdict: bool | None
+    difficulty: str | None
+    row: int
+
+    def to_dict(self) -> dict:
+        """The sample as the plain dict the functions of ``klear_lib.data.selection`` take."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class EvalProblem:
+    """One benchmark problem: its id (as a str), the problem text, the gold answer, the row it came from."""
+
+    id: str
+    problem: str
+    answer: str
+    source_row: int
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading: hub name or local path -> one `datasets.Dataset`
+# ---------------------------------------------------------------------------------------------------------
+def _looks_like_path(text: str) -> bool:
+    return text.endswith(JSON_SUFFIXES + PARQUET_SUFFIXES) or text.startswith(("/", "./", "../", "~"))
+
+
+def _has_json_feature(feature: Any) -> bool:
+    """Whether a (nested) feature is datasets' ``Json`` type: what the JSON builder gives a column whose
+    rows disagree on the type of a value."""
+    if isinstance(feature, datasets.Json):
+        return True
+    if isinstance(feature, dict):
+        return any(_has_json_feature(f) for f in feature.values())
+    inner = getattr(feature, "feature", None)
+    return inner is not None and _has_json_feature(inner)
+
+
+def _json_rows(path: Path, label: str) -> list[dict]:
+    """The rows of a local JSON file as Python's json module reads them: a JSON list, else JSON lines."""
+    text = path.read_text(encoding="utf-8")
+    rows = json.loads(text) if text.lstrip().startswith("[") else [
+        json.loads(line) for line in text.splitlines() if line.strip()]
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise SchemaError(f"{label} row {i}: must be a JSON object, got {type(row).__name__} ({_show(row)})")
+    return rows
+
+
+def _is_blank(path: Path) -> bool:
+    """Whether a text file holds only whitespace, read in 1 MiB chunks (data files can be large)."""
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            if chunk.strip():
+                return False
+    return True
+
+
+def _load(name_or_path: str | Path, *, split: str, config: str | None,
+          cache_dir: str | Path | None) -> tuple[str, datasets.Dataset | list[dict]]:
+    """(label used in error messages, the rows of the split), resolved as in the module docstring.
+
+    One exception to "everything through datasets": when a local JSON file has a column whose rows
+    disagree on a value's type, datasets 5.2 stores that column as ``Json`` and loses the types (a row's
+    str "5" and another row's int 5 come back both as int 5), so the wrong row could not be named and good
+    str values would be corrupted. The rows of such a file are then re-read with the json module, exactly as
+    written, and validated from there. (A hub dataset cannot be re-read so: its ``Json`` columns, if any, are
+    validated as datasets decodes them.)
+    """
+    label = str(name_or_path)
+    cache = str(cache_dir) if cache_dir is not None else None
+    path = Path(label).expanduser()
+    if path.is_file():
+        suffix = path.suffix.lower()
+        if suffix in JSON_SUFFIXES:
+            # datasets' JSON reader stops with a bare StopIteration on an empty file: say what is wrong.
+            if _is_blank(path):
+                raise SchemaError(f"{label}: dataset is empty (the file has no rows)")
+            builder = "json"
+        elif suffix in PARQUET_SUFFIXES:
+            # ... and with "corresponds to no data" on a Parquet file without rows.
+            if pq.ParquetFile(path).metadata.num_rows == 0:
+                raise SchemaError(f"{label}: dataset is empty (the file has no rows)")
+            builder = "parquet"
+        else:
+            raise ValueError(f"{label}: unsupported file type {suffix!r}; expected one of "
+                             f"{list(JSON_SUFFIXES + PARQUET_SUFFIXES)} or a directory")
+        ds = datasets.load_dataset(builder, data_files=str(path), split=split, cache_dir=cache)
+        if builder == "json" and _has_json_feature(ds.features):
+            return label, _json_rows(path, label)
+    elif path.is_dir():
+        if (path / "dataset_dict.json").is_file():  # a saved DatasetDict: one saved Dataset per split folder
+            splits = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
+            if split not in splits:
+                raise ValueError(f"{label}: no split {split!r}; splits: {sorted(splits)}")
+            path = path / split
+        if (path / "state.json").is_file():
+            # load_from_disk fails with an IndexError on a saved Dataset without rows (no data files).
+            if not json.loads((path / "state.json").read_text(encoding="utf-8"))["_data_files"]:
+                raise SchemaError(f"{label}: dataset is empty (0 rows in split {split!r})")
+            ds = datasets.load_from_disk(str(path))
+        else:
+            ds = datasets.load_dataset(str(path), split=split, cache_dir=cache)
+    elif _looks_like_path(label):
+        raise FileNotFoundError(f"{label}: no such file or directory (a local path, so the hub is not tried)")
+    else:
+        ds = datasets.load_dataset(label, config, split=split, cache_dir=cache)
+    if len(ds) == 0:
+        raise SchemaError(f"{label}: dataset is empty (0 rows in split {split!r})")
+    return label, ds
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation helpers: every failure names dataset, row, field, expectation and what was found
+# ---------------------------------------------------------------------------------------------------------
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _wrong(ds: str, row: int, field: str, expected: str, value: Any) -> SchemaError:
+    if value is None:
+        return SchemaError(f"{ds} row {row}: field '{field}' is missing or null; expected {expected}")
+    return SchemaError(f"{ds} row {row}: field '{field}' must be {expected}, "
+                       f"got {type(value).__name__} ({_show(value)})")
+
+
+def _is(value: Any, typ: type) -> bool:
+    # bool is an int subclass; a verdict where a count is expected (or the reverse) is a schema error.
+    if typ is int and isinstance(value, bool):
+        return False
+    return isinstance(value, typ)
+
+
+def _field(record: dict, path: str, typ: type | tuple[type, ...], ds: str, row: int) -> Any:
+    """``record[a][b]...`` for ``path == "a.b"``, checked to be an instance of ``typ``."""
+    value: Any = record
+    walked: list[str] = []
+    for key in path.split("."):
+        if walked and not isinstance(value, dict):
+            raise _wrong(ds, row, ".".join(walked), "dict", value)
+        value = value.get(key)
+        walked.append(key)
+    types = typ if isinstance(typ, tuple) else (typ,)
+    if value is None or not any(_is(value, t) for t in types):
+        raise _wrong(ds, row, path, " or ".join(t.__name__ for t in types), value)
+    return value
+
+
+def _typed_list(record: dict, field: str, ds: str, row: int, *, item: type = str) -> list:
+    values = _field(record, field, list, ds, row)
+    for j, v in enumerate(values):
+        if v is None or not _is(v, item):
+            raise _wrong(ds, row, f"{field}[{j}]", item.__name__, v)
+    return values
+
+
+def _messages(record: dict, field: str, ds: str, row: int, *, role_key: str = "role",
+              content_key: str = "content") -> list[dict]:
+    """A non-empty list of messages, each reduced to ``{"role", "content"}`` (both str)."""
+    values = _field(record, field, list, ds, row)
+    if not values:
+        raise SchemaError(f"{ds} row {row}: field '{field}' must be a non-empty list of messages, got []")
+    out = []
+    for j, msg in enumerate(values):
+        if not isinstance(msg, dict):
+            raise _wrong(ds, row, f"{field}[{j}]", "dict", msg)
+        role, content = msg.get(role_key), msg.get(content_key)
+        if not isinstance(role, str):
+            raise _wrong(ds, row, f"{field}[{j}].{role_key}", "str", role)
+        if not isinstance(content, str):
+            raise _wrong(ds, row, f"{field}[{j}].{content_key}", "str", content)
+        out.append({"role": role, "content": content})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 1. Klear RL records
+# ---------------------------------------------------------------------------------------------------------
+def _is_code(data_source: str, ability: str) -> bool:
+    return data_source.removesuffix("_longcot") in CODE_DATA_SOURCES or ability.lower() in CODE_ABILITIES
+
+
+def _parse_tests(text: str, ds: str, row: int) -> list | dict:
+    field = "reward_model.ground_truth"
+    try:
+        tests = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SchemaError(f"{ds} row {row}: field '{field}' must be a JSON string of tests (list or dict), "
+                          f"got invalid JSON ({err.msg} at char {err.pos}): {_show(text)}") from None
+    if not isinstance(tests, (list, dict)):
+        raise SchemaError(f"{ds} row {row}: field '{field}' must be a JSON string of tests (list or dict), "
+                          f"got JSON {type(tests).__name__} ({_show(tests)})")
+    if not tests:
+        raise SchemaError(f"{ds} row {row}: field '{field}' holds no tests ({_show(tests)})")
+    return tests
+
+
+def load_klear_rl(name_or_path: str | Path, *, split: str = "train", ability: str | None = None,
+                  config: str | None = None, cache_dir: str | Path | None = None) -> list[RLRecord]:
+    """Klear RL prompts (``Kwai-Klear/KlearReasoner-MathSub-30K``, ``Kwai-Klear/KlearReasoner-CodeSub-15K``).
+
+    Row schema (dataset cards; reference §5)::
+
+        {"data_source": str, "prompt": [{"role": "user", "content": str}, ...], "ability": str,
+         "reward_model": {"ground_truth": str, "style": str}}     (extra columns, e.g. __index_level_0__, ignored)
+
+    Mapping: ``data_source``, ``ability`` as they are; ``prompt`` -> list of ``{"role", "content"}``;
+    ``reward_model.ground_truth`` -> ``ground_truth``: the str itself for math, ``json.loads`` of it for code
+    (must give a non-empty list or dict); ``source_row`` = row index. A record is code when its
+    ``data_source`` without ``_longcot`` is in ``CODE_DATA_SOURCES`` (``coder1_longcot`` in CodeSub-15K) or its
+    ``ability`` is in ``CODE_ABILITIES``. ``ability`` keeps only records with that ``ability`` (every row is
+    still validated); keeping none is an error that lists the abilities present.
+    """
+    ds, data = _load(name_or_path, split=split, config=config, cache_dir=cache_dir)
+    records = []
+    for i, row in enumerate(data):
+        data_source = _field(row, "data_source", str, ds, i)
+        prompt = _messages(row, "prompt", ds, i)
+        row_ability = _field(row, "ability", str, ds, i)
+        truth = _field(row, "reward_model.ground_truth", str, ds, i)
+        _field(row, "reward_model.style", str, ds, i)
+        if _is_code(data_source, row_ability):
+            truth = _parse_tests(truth, ds, i)
+        records.append(RLRecord(data_source, prompt, row_ability, truth, i))
+    if ability is not None:
+        kept = [r for r in records if r.ability == ability]
+        if not kept:
+            raise ValueError(f"{ds}: no record has ability {ability!r}; abilities present: "
+                             f"{sorted({r.ability for r in records})}")
+        records = kept
+    return records
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 2. Long-CoT SFT sources, one loader per family, all -> SFTSample
+# ---------------------------------------------------------------------------------------------------------
+def load_openr1(name_or_path: str | Path, *, source: str | None = None, split: str = "train",
+                use_llama_judge: bool = False, config: str | None = None,
+                cache_dir: str | Path | None = None) -> list[SFTSample]:
+    """OpenR1-Math (``open-r1/OpenR1-Math-220k``; configs ``default``/``extended``, split ``train``).
+
+    Columns used (dataset card features): ``problem`` (str), ``generations`` (list of str: DeepSeek-R1
+    traces, ``<think>...</think>`` then the answer), ``correctness_math_verify`` (list of bool, one per
+    generation), ``correctness_llama`` (list of bool or null; Llama-3.3-70B as judge, used only with
+    ``use_llama_judge``). Ignored: ``solution``, ``answer``, ``problem_type``, ``question_type``, ``source``,
+    ``uuid``, ``is_reasoning_complete``, ``finish_reasons``, ``correctness_count``, ``messages``.
+
+    Mapping: one sample per generation: prompt = ``problem``, response = ``generations[j]``, verdict =
+    ``correctness_math_verify[j]`` (or-ed with ``correctness_llama[j]`` when ``use_llama_judge`` and that list
+    is present), difficulty = None, source = ``source`` or the dataset name. The verdict list must be as long
+    as ``generations``.
+    """
+    ds, data = _load(name_or_path, split=split, config=config, cache_dir=cache_dir)
+    src = source or ds
+    samples = []
+    for i, row in enumerate(data):
+        problem = _field(row, "problem", str, ds, i)
+        gens = _typed_list(row, "generations", ds, i)
+        verdicts = _typed_list(row, "correctness_math_verify", ds, i, item=bool)
+        if len(verdicts) != len(gens):
+            raise SchemaError(f"{ds} row {i}: field 'correctness_math_verify' must have one verdict per "
+                              f"generation ({len(gens)}), got {len(verdicts)}")
+        if use_llama_judge and row.get("correctness_llama") is not None:
+            llama = _typed_list(row, "correctness_llama", ds, i, item=bool)
+            if len(llama) != len(gens):
+                raise SchemaError(f"{ds} row {i}: field 'correctness_llama' must have one verdict per "
+                                  f"generation ({len(gens)}), got {len(llama)}")
+            verdicts = [a or b for a, b in zip(verdicts, llama)]
+        samples += [SFTSample(problem, g, src, v, None, i) for g, v in zip(gens, verdicts)]
+    return samples
+
+
+def _chat_turns(row: dict, ds: str, i: int) -> list[dict]:
+    """The row's turns as ``{"role", "content"}`` dicts from either chat layout (roles normalised)."""
+    if row.get("messages") is not None:
+        return _messages(row, "messages", ds, i)
+    if row.get("conversations") is None:
+        raise SchemaError(f"{ds} row {i}: field 'messages' (role/content) or 'conversations' (from/value) "
+                          f"is missing or null; expected a list of turns")
+    turns = _messages(row, "conversations", ds, i, role_key="from", content_key="value")
+    for j, turn in enumerate(turns):
+        if turn["role"] not in _CONVERSATION_ROLES:
+            raise SchemaError(f"{ds} row {i}: field 'conversations[{j}].from' must be one of "
+                              f"{sorted(_CONVERSATION_ROLES)}, got {turn['role']!r}")
+        turn["role"] = _CONVERSATION_ROLES[turn["role"]]
+    return turns
+
+
+def load_chat(name_or_path: str | Path, *, source: str | None = None, split: str = "train",
+              config: str | None = None, cache_dir: str | Path | None = None) -> list[SFTSample]:
+    """Chat-layout long-CoT data, one single-turn conversation per row, in either layout:
+
+      * ``messages``: ``[{"role": "user"|"assistant"|"system", "content": str}, ...]`` as in
+        ``a-m-team/AM-Thinking-v1-Distilled`` (its messages may carry an ``info`` dict, ignored; the assistant
+        content, think part and answer, is taken whole);
+      * ``conversations``: ``[{"from": "user"|"human"|"assistant"|"gpt", "value": str}, ...]`` with an
+        optional top-level ``system`` str as in ``open-thoughts/OpenThoughts-114k`` (``OpenThoughts3-1.2M``
+        uses human/gpt and has an int ``difficulty`` column).
+
+    Mapping: system turns (and the ``system`` column) are dropped; what remains must be exactly one user
+    turn then one assistant turn: prompt = the user content, response = the assistant content. difficulty =
+    ``str(row["difficulty"])`` when that column exists and is not null, else None; verdict = None (neither
+    dataset records one: they were filtered for correctness upstream); source = ``source`` or the dataset name.
+    """
+    ds, data = _load(name_or_path, split=split, config=config, cache_dir=cache_dir)
+    src = source or ds
+    samples = []
+    for i, row in enumerate(data):
+        turns = [t for t in _chat_turns(row, ds, i) if t["role"] != "system"]
+        roles = [t["role"] for t in turns]
+        if roles != ["user", "assistant"]:
+            raise SchemaError(f"{ds} row {i}: turns must be one user turn then one assistant turn "
+                              f"(system turns aside), got roles {roles}")
+        difficulty = row.get("difficulty")
+        if difficulty is not None and (not isinstance(difficulty, (str, int)) or isinstance(difficulty, bool)):
+            raise _wrong(ds, i, "difficulty", "str or int", difficulty)
+        samples.append(SFTSample(turns[0]["content"], turns[1]["content"], src, None,
+                                 None if difficulty is None else str(difficulty), i))
+    return samples
+
+
+def load_columns(name_or_path: str | Path, *, prompt_field: str, response_field: str,
+                 verdict_field: str | None = None, difficulty_field: str | None = None,
+                 source: str | None = None, split: str = "train", config: str | None = None,
+                 cache_dir: str | Path | None = None) -> list[SFTSample]:
+    """Any dataset with one prompt column and one response column, named by the caller.
+
+    Mapping: prompt = ``row[prompt_field]`` (str), response = ``row[response_field]`` (str); verdict =
+    ``row[verdict_field]`` (bool) if a field is named, else None; difficulty = ``row[difficulty_field]`` (str,
+    or int as str) if named, else None; source = ``source`` or the dataset name. A named field may be dotted
+    (``"meta.level"``) and is required in every row.
+    """
+    ds, data = _load(name_or_path, split=split, config=config, cache_dir=cache_dir)
+    src = source or ds
+    samples = []
+    for i, row in enumerate(data):
+        prompt = _field(row, prompt_field, str, ds, i)
+        response = _field(row, response_field, str, ds, i)
+        verdict = _field(row, verdict_field, bool, ds, i) if verdict_field else None
+        difficulty = _field(row, difficulty_field, (str, int), ds, i) if difficulty_field else None
+        samples.append(SFTSample(prompt, response, src, verdict,
+                                 None if difficulty is None else str(difficulty), i))
+    return samples
+
+
+SFT_FAMILIES: dict[str, Callable[..., list[SFTSample]]] = {
+    "openr1": load_openr1,
+    "chat": load_chat,
+    "columns": load_columns,
+}
+
+
+def load_sft_source(family: str, name_or_path: str | Path, *, source: str | None = None,
+                    split: str = "train", **kw) -> list[SFTSample]:
+    """``SFT_FAMILIES[family](name_or_path, source=source, split=split, **kw)``; an unknown family is a
+    ValueError that lists the valid ones, an unknown keyword a TypeError from the family's loader."""
+    if family not in SFT_FAMILIES:
+        raise ValueError(f"unknown SFT family {family!r}; valid families: {sorted(SFT_FAMILIES)}")
+    return SFT_FAMILIES[family](name_or_path, source=source, split=split, **kw)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 3. Benchmark problems (AIME and HMMT schemas of the Klear repo's benchmark files)
+# ---------------------------------------------------------------------------------------------------------
+# A trailing instruction such as "Please reason step by step, and put your final answer within \boxed{}."
+# is not part of the problem; left in, its 9-grams would match every training prompt carrying the same
+# instruction and decontamination would drop them all.
+_TRAILING_INSTRUCTION = re.compile(r"\s*please reason step by step\b.*\Z", flags=re.IGNORECASE | re.DOTALL)
+
+
+def _user_message(row: dict, ds: str, i: int) -> str:
+    users = [m["content"] for m in _messages(row, "messages", ds, i) if m["role"] == "user"]
+    if not users:
+        raise SchemaError(f"{ds} row {i}: field 'messages' must contain a user message (the problem), got none")
+    problem = _TRAILING_INSTRUCTION.sub("", users[0]).strip()
+    if not problem:
+        raise SchemaError(f"{ds} row {i}: field 'messages' user message holds no problem text")
+    return problem
+
+
+def load_eval_problems(path_or_name: str | Path, *, split: str = "train", config: str | None = None,
+                       cache_dir: str | Path | None = None) -> list[EvalProblem]:
+    """Benchmark problems from either schema of the Klear benchmark files (reference §7), row by row:
+
+      * AIME rows ``{"meta": {"unique_id", "problem", "solution", "answer"}, "messages": [...]}``: id =
+        ``meta.unique_id``, problem = ``meta.problem``, answer = ``meta.answer``;
+      * HMMT rows ``{"id", "messages", "solution", "answer"}`` (no ``meta``): id = ``id``, problem = the first
+        user message's content with a trailing "Please reason step by step ..." instruction removed,
+        answer = ``answer``.
+
+    A row is AIME-shaped when its ``meta`` is not null. ``id`` and ``answer`` may be str or int (AIME answers
+    are integers; a file may store them as JSON numbers) and are returned as str. The released judge reads
+    ``meta`` only, so it scored every HMMT answer wrong; here both schemas give the same record.
+    """
+    ds, data = _load(path_or_name, split=split, config=config, cache_dir=cache_dir)
+    problems = []
+    for i, row in enumerate(data):
+        if row.get("meta") is not None:
+            uid = _field(row, "meta.unique_id", (str, int), ds, i)
+            problem = _field(row, "meta.problem", str, ds, i).strip()
+            answer = _field(row, "meta.answer", (str, int), ds, i)
+        else:
+            uid = _field(row, "id", (str, int), ds, i)
+            problem = _user_message(row, ds, i)
+            answer = _field(row, "answer", (str, int), ds, i)
+        problems.append(EvalProblem(str(uid), problem, str(answer).strip(), i))
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 4. Writers: rows in the real schemas, for fixtures and notebooks
+# ---------------------------------------------------------------------------------------------------------
+def write_jsonl(rows: list[dict], path: str | Path) -> Path:
+    """Write one JSON object per line (UTF-8, non-ASCII kept), creating parent folders; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
+
+
+def klear_rl_row(prompt: str, ground_truth: str | list | dict, *, data_source: str | None = None,
+                 ability: str | None = None) -> dict:
+    """A Klear RL row. A str ground truth makes a math row (``math_longcot_math_verify``, ability ``math``);
+    a list/dict of tests makes a code row (``coder1_longcot``, ability ``code``) with the tests JSON-encoded,
+    as the released data stores them. ``data_source``/``ability`` override the defaults."""
+    code = not isinstance(ground_truth, str)
+    return {
+        "data_source": data_source or ("coder1_longcot" if code else "math_longcot_math_verify"),
+        "prompt": [{"role": "user", "content": prompt}],
+        "ability": ability or ("code" if code else "math"),
+        "reward_model": {"ground_truth": json.dumps(ground_truth) if code else ground_truth, "style": "rule"},
+    }
+
+
+def openr1_row(problem: str, generations: list[str], correctness_math_verify: list[bool], *,
+               answer: str = "", correctness_llama: list[bool] | None = None, source: str = "olympiads",
+               uuid: str = "") -> dict:
+    """An OpenR1-Math-220k row with all its columns; ``messages`` holds the problem and the first generation
+    judged correct (the first generation if none is), ``finish_reasons``/``is_reasoning_complete`` say
+    every generation stopped normally."""
+    best = next((g for g, ok in zip(generations, correctness_math_verify) if ok), generations[0])
+    return {
+        "problem": problem, "solution": answer, "answer": answer, "problem_type": "Algebra",
+        "question_type": "math-word-problem", "source": source, "uuid": uuid,
+        "is_reasoning_complete": [True] * len(generations), "generations": list(generations),
+        "correctness_math_verify": list(correctness_math_verify), "correctness_llama": correctness_llama,
+        "finish_reasons": ["stop"] * len(generations), "correctness_count": sum(correctness_math_verify),
+        "messages": [{"role": "user", "content": problem}, {"role": "assistant", "content": best}],
+    }
+
+
+def messages_row(prompt: str, response: str, *, system: str | None = None, layout: str = "messages",
+                 roles: tuple[str, str] = ("user", "assistant"), **extra: Any) -> dict:
+    """A chat-layout row: ``layout="messages"`` (role/content, AM-Thinking style; ``system`` becomes a system
+    message) or ``"conversations"`` (from/value with ``roles``, OpenThoughts style; ``system`` becomes the
+    top-level ``system`` column). ``extra`` columns (``difficulty``, ``source``, ...) are added as they are."""
+    if layout == "messages":
+        turns = ([{"role": "system", "content": system}] if system is not None else []) + [
+            {"role": roles[0], "content": prompt}, {"role": roles[1], "content": response}]
+        return {"messages": turns, **extra}
+    if layout == "conversations":
+        turns = [{"from": roles[0], "value": prompt}, {"from": roles[1], "value": response}]
+        return {"system": system or "", "conversations": turns, **extra}
+    raise ValueError(f"layout must be 'messages' or 'conversations', got {layout!r}")
+
+
+def aime_row(unique_id: str, problem: str, answer: str, *, solution: str | None = None,
+             instruction: str = "") -> dict:
+    """An AIME benchmark row: ``meta`` with the problem and answer, ``messages`` with the user prompt
+    (problem plus ``instruction``). ``solution`` defaults to the answer (the released judge reads
+    ``meta.solution`` as the gold answer)."""
+    return {
+        "meta": {"unique_id": unique_id, "problem": problem,
+                 "solution": answer if solution is None else solution, "answer": answer},
+        "messages": [{"role": "user", "content": problem + instruction}],
+    }
+
+
+def hmmt_row(id: int | str, problem: str, answer: str, *, solution: str | None = None,
+             instruction: str = "") -> dict:
+    """An HMMT benchmark row: top-level ``id``, ``messages`` (the user prompt: problem plus ``instruction``),
+    ``solution`` (defaults to the answer) and ``answer``; no ``meta``."""
+    return {"id": id, "messages": [{"role": "user", "content": problem + instruction}],
+            "solution": answer if solution is None else solution, "answer": answer}
+
+
+def sft_sample_to_chat(sample: SFTSample) -> dict:
+    """The prompt/completion conversational row ``klear_lib.train.sft.run_sft`` takes (loss on the completion)."""
+    return {"prompt": [{"role": "user", "content": sample.prompt}],
+            "completion": [{"role": "assistant", "content": sample.response}]}
