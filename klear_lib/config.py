@@ -195,3 +195,62 @@ class RLExperimentConfig:
     def replace(self, **changes) -> "RLExperimentConfig":
         """A copy with ``changes`` (an ablation is a diff), checked as strictly as ``from_params``."""
         return from_dict(type(self), {**dataclasses.asdict(self), **changes})
+
+
+@dataclass
+class SFTExperimentConfig:
+    """One SFT data ablation on the tiny arithmetic task (or a hub model at the gpu/paper presets): a fresh model
+    per run, trained on a selected set of teacher responses, evaluated on held-out problems."""
+
+    seed: int = 0
+    """Seed of the run: model initialisation, data order and sampling (set through ``runs.set_seed``)."""
+    data_seed: int = 1234
+    """Seed of the problem splits and of the teachers' responses (the same for every run seed)."""
+    n_train: int = 6000
+    """Training problems the sources answer."""
+    n_val: int = 64
+    """Validation problems (source scores, difficulty of held-out problems); disjoint from the test problems."""
+    n_heldout: int = 128
+    """Test problems for avg@n."""
+    levels: str = "1,2,3,4"
+    """Difficulty levels drawn uniformly, comma-separated (klear_lib.data.tasks.LEVELS)."""
+    model: str = "tiny"
+    """``tiny`` (a ≈1M-parameter Qwen3 built here, fresh per run) or a hub name / local folder."""
+    tiny_hidden: int = 128
+    """Hidden size of the tiny model."""
+    tiny_layers: int = 4
+    """Layers of the tiny model."""
+    vocab_size: int = 1024
+    """Upper bound of the tiny tokenizer's BPE vocabulary."""
+    sft_lr: float = 2e-3
+    """Peak SFT learning rate (Klear 8e-5 cosine to 4e-5 on an 8B model)."""
+    sft_epochs: float = 2.0
+    """Passes over the selected samples (Klear 4)."""
+    sft_batch_size: int = 8
+    """Samples per optimizer step. The tiny model needs ~500 steps to learn the addition table: at 3,000 samples
+    and 2 epochs, batch 8 learns it (≈99% on a clean teacher), batch 32 does not (≈13%)."""
+    max_length: int = 256
+    """Longest tokenized sample."""
+    eval_n: int = 4
+    """Samples per held-out problem (paper: 64 for AIME)."""
+    eval_temperature: float = 1.0
+    """Evaluation temperature (paper 0.6; see the notebooks for why the tiny preset uses 1.0)."""
+    eval_top_p: float = 0.95
+    """Evaluation top-p (paper 0.95)."""
+    max_new_tokens: int = 128
+    """Longest evaluated response (the verbose source's level-4 answer is ≈100 tokens)."""
+    use_cpu: bool = True
+    """Train on the CPU even where a GPU is present."""
+    bf16: bool = False
+    """bf16 autocast (GPU presets)."""
+
+    @property
+    def level_list(self) -> tuple[int, ...]:
+        return tuple(int(x) for x in self.levels.split(","))
+
+    @classmethod
+    def from_params(cls, params: typing.Mapping) -> "SFTExperimentConfig":
+        return from_dict(cls, params)
+
+    def replace(self, **changes) -> "SFTExperimentConfig":
+        return from_dict(type(self), {**dataclasses.asdict(self), **changes})

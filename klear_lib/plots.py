@@ -88,3 +88,50 @@ def final_table(df: pd.DataFrame, *, by: str = "variant", seed: str = "seed") ->
         if col in steps:
             table[col.split("/")[-1]] = steps.groupby(by)[col].mean()
     return table.reindex(list(dict.fromkeys(df[by])))
+
+
+def seed_summary(df: pd.DataFrame, metric: str, *, by: str | list[str] = "variant", seed: str = "seed") -> pd.DataFrame:
+    """Per ``by`` (one column or several): mean, std, min and max of ``metric`` over seeds, and the seed count.
+    Rows keep the order in which ``by`` values first appear in ``df``."""
+    keys = [by] if isinstance(by, str) else list(by)
+    sub = df.dropna(subset=[metric])
+    g = sub.groupby(keys, sort=False)[metric]
+    out = g.agg(["mean", "std", "min", "max"])
+    out["std"] = out["std"].fillna(0.0)
+    out["seeds"] = sub.groupby(keys, sort=False)[seed].nunique()
+    return out
+
+
+def plot_points(df: pd.DataFrame, x: str, metrics: list[str], *, hue: str | None = None, seed: str = "seed",
+                out: str | Path | None = None, title: str | None = None, ncols: int = 3, xlabel: str | None = None):
+    """For a sweep (``x`` categorical or numeric): each seed's value as a dot, the mean over seeds as a line,
+    one panel per metric, one line per ``hue`` value."""
+    metrics = [m for m in metrics if m in df.columns]
+    ncols = min(ncols, max(1, len(metrics)))
+    nrows = max(1, math.ceil(len(metrics) / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False)
+    order = list(dict.fromkeys(df[x]))
+    pos = {v: i for i, v in enumerate(order)}
+    for ax, metric in zip(axes.flat, metrics):
+        sub = df.dropna(subset=[metric])
+        groups = sub.groupby(hue, sort=False) if hue else [(None, sub)]
+        for name, g in groups:
+            xs = g[x].map(pos)
+            line = ax.plot(*zip(*sorted(g.groupby(xs)[metric].mean().items())), marker="o",
+                           label=None if name is None else str(name))[0]
+            ax.scatter(xs, g[metric], s=12, alpha=0.5, color=line.get_color())
+        ax.set_xticks(range(len(order)), [str(v) for v in order])
+        ax.set_title(TITLES.get(metric, metric), fontsize=10)
+        ax.set_xlabel(xlabel or x)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(metrics):]:
+        ax.axis("off")
+    if hue and metrics:
+        axes.flat[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+    return fig

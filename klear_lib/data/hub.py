@@ -589,7 +589,12 @@ def hmmt_row(id: int | str, problem: str, answer: str, *, solution: str | None =
             "solution": answer if solution is None else solution, "answer": answer}
 
 
-def sft_sample_to_chat(sample: SFTSample) -> dict:
-    """The prompt/completion conversational row ``klear_lib.train.sft.run_sft`` takes (loss on the completion)."""
-    return {"prompt": [{"role": "user", "content": sample.prompt}],
-            "completion": [{"role": "assistant", "content": sample.response}]}
+def sft_sample_to_chat(sample: SFTSample | dict) -> dict:
+    """The prompt/completion conversational row ``klear_lib.train.sft.run_sft`` takes (loss on the completion).
+
+    ``sample`` is an ``SFTSample`` or a dict with its fields (``prompt`` and ``response`` are the ones used), as
+    the selection functions and the synthetic sources of ``klear_lib.data.teachers`` pass them around."""
+    prompt, response = (sample["prompt"], sample["response"]) if isinstance(sample, dict) else (
+        sample.prompt, sample.response)
+    return {"prompt": [{"role": "user", "content": prompt}],
+            "completion": [{"role": "assistant", "content": response}]}

@@ -203,12 +203,15 @@ def _equal_shares(caps: list[int], budget: int) -> list[int]:
     return alloc
 
 
-def top_k_sources(samples: list[dict], scores: dict[str, float], k: int, budget: int, *, seed: int) -> list:
+def top_k_sources(samples: list[dict], scores: dict[str, float], k: int, budget: int, *, seed: int,
+                  pick=None) -> list:
     """Up to `budget` samples drawn from the k best sources by `scores` (`rank_sources`).
 
     Equal share per source (`_equal_shares`: shortfalls redistributed, remainder to the best-ranked);
     inside a source the samples are a uniform draw by `random.Random(f"{seed}:{source}")`, so a source's
-    pick does not move when other sources change. Returns the original dicts in their input order.
+    pick does not move when other sources change. `pick(source_samples, count, rng) -> indices` replaces the
+    uniform draw (e.g. `k_center_pick()`, the paper's diversity selection); it must return `count` distinct
+    indices into `source_samples`. Returns the original dicts in their input order.
     A budget larger than the k sources hold takes all of them with a warning. A scored source with no
     samples counts among the k and gets nothing (its share goes to the others).
     """
@@ -236,8 +239,35 @@ def top_k_sources(samples: list[dict], scores: dict[str, float], k: int, budget:
     picked: list[int] = []
     for src, count in zip(chosen, _equal_shares(caps, budget)):
         rng = random.Random(f"{seed}:{src}")  # str seeds hash with sha512: stable across processes
-        picked += rng.sample(by_source.get(src, []), count)
+        members = by_source.get(src, [])
+        if pick is None:
+            picked += rng.sample(members, count)
+            continue
+        local = list(pick([samples[i] for i in members], count, rng))
+        if len(local) != count or len(set(local)) != count or not all(0 <= j < len(members) for j in local):
+            raise ValueError(f"pick returned {len(local)} indices for source {src!r}; expected {count} distinct "
+                             f"indices in [0, {len(members)})")
+        picked += [members[j] for j in local]
     return [samples[i] for i in sorted(picked)]
+
+
+def k_center_pick(field: str = "prompt", **embed_kwargs):
+    """A `pick` for `top_k_sources`: K-center greedy (`k_center_greedy`) over `hashed_ngram_embedding` of each
+    sample's `field`, from a first sample drawn by the source's rng. The paper picks its 31,600 math samples
+    this way; exact duplicates of a chosen text come last, so a budget below the number of distinct texts
+    never repeats one. `embed_kwargs` go to `hashed_ngram_embedding` (n, dim, seed)."""
+
+    def pick(source_samples: list[dict], count: int, rng: random.Random) -> list[int]:
+        if count == 0:
+            return []
+        for i, s in enumerate(source_samples):
+            if not isinstance(s.get(field), str):
+                raise ValueError(f"sample {i} of source {s.get('source')!r} needs a str {field!r} for "
+                                 f"k_center_pick, got {s.get(field)!r:.80}")
+        emb = hashed_ngram_embedding([s[field] for s in source_samples], **embed_kwargs)
+        return k_center_greedy(emb, count, first=rng.randrange(len(source_samples)))
+
+    return pick
 
 
 # ---------------------------------------------------------------------------------------------------------

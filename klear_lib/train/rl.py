@@ -177,11 +177,13 @@ class KlearGRPOTrainer(GRPOTrainer):
             old_entropy=old_entropy,
         )
         mode = "train" if self.model.training else "eval"
+        # policy_loss = pg_loss + α · positive_loss (reference section 2). The NLL is logged at α = 0 too, so that
+        # an α sweep compares it across runs; it joins the graph only when α > 0.
+        pos = positive_sample_loss(log_prob, mask, inputs["klear_positive"], loss_agg_mode=k.loss_agg_mode)
         if k.sft_alpha > 0:
-            # policy_loss = pg_loss + α · positive_loss (reference section 2)
-            pos = positive_sample_loss(log_prob, mask, inputs["klear_positive"], loss_agg_mode=k.loss_agg_mode)
             loss = loss + k.sft_alpha * pos
-            self._metrics[mode]["actor/positive_loss"].append(pos.item())
+        self._metrics[mode]["actor/positive_loss"].append(pos.item())
+        self._metrics[mode]["klear/positive_frac"].append(inputs["klear_positive"].float().mean().item())
         for name, value in metrics.items():
             self._metrics[mode][name].append(value)
         denom = mask.sum().clamp(min=1.0)

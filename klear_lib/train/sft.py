@@ -3,13 +3,19 @@
 Samples are in TRL's conversational prompt-completion format (``prompt``: the user turn, ``completion``: the
 assistant turn), so ``completion_only_loss`` masks the prompt tokens out of the loss. Resumable: when the
 output directory holds a checkpoint and ``resume`` is set, training continues from the last one.
+
+``load_for_sft`` loads a hub model through unsloth's ``FastLanguageModel`` when unsloth is installed and a CUDA
+GPU is present (faster kernels, less memory), and through plain transformers otherwise.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import random
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from datasets import Dataset
 from transformers import PrinterCallback
@@ -17,6 +23,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
 from klear_lib.data.tasks import Problem, prompt_messages, teacher_solution
+from klear_lib.models import load_model_and_tokenizer
 
 
 @dataclass
@@ -46,6 +53,46 @@ class SFTStageConfig:
     bf16: bool = False
     """bf16 autocast. TRL 1.16 turns it on by default, also on a CPU, where it is slower than fp32 and rounds
     log-probs by ~1e-3; the project's CPU presets train in fp32, GPU presets in bf16."""
+
+    @classmethod
+    def from_experiment(cls, cfg, **changes) -> "SFTStageConfig":
+        """The SFT stage of an experiment config (``RLExperimentConfig`` or ``SFTExperimentConfig``): its
+        ``sft_lr``, ``sft_epochs``, ``sft_batch_size``, ``seed``, ``use_cpu``, ``bf16`` (and ``max_length`` where
+        it has one), then ``changes``."""
+        values = dict(learning_rate=cfg.sft_lr, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size,
+                      seed=cfg.seed, use_cpu=cfg.use_cpu, bf16=cfg.bf16)
+        if hasattr(cfg, "max_length"):
+            values["max_length"] = cfg.max_length
+        return cls(**{**values, **changes})
+
+
+def unsloth_available() -> bool:
+    """unsloth is installed and a CUDA GPU is present (unsloth needs one; it refuses to import without)."""
+    return torch.cuda.is_available() and importlib.util.find_spec("unsloth") is not None
+
+
+def load_for_sft(name_or_path: str | Path, *, max_length: int = 4096, bf16: bool = True,
+                 use_unsloth: bool | None = None):
+    """A model and tokenizer to fine-tune: unsloth's ``FastLanguageModel`` (full fine-tuning, its fused kernels)
+    where ``unsloth_available()``, else ``klear_lib.models.load_model_and_tokenizer``. ``use_unsloth=None``
+    decides by availability; True without unsloth is an error."""
+    if use_unsloth is None:
+        use_unsloth = unsloth_available()
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    if not use_unsloth:
+        return load_model_and_tokenizer(name_or_path, dtype=dtype)
+    if not unsloth_available():
+        raise RuntimeError("use_unsloth=True needs unsloth installed (pip install -e '.[gpu]') and a CUDA GPU")
+    from unsloth import FastLanguageModel  # imported late: it patches transformers on import
+
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=str(name_or_path), max_seq_length=max_length, dtype=dtype, load_in_4bit=False,
+        full_finetuning=True,
+    )
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
 
 
 def sft_samples(problems: list[Problem], *, error_rate: float = 0.0, seed: int = 0) -> list[dict]:
@@ -95,3 +142,20 @@ def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: 
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
     return trainer.model
+
+
+def chat_rows(samples: list) -> list[dict]:
+    """Chat rows for ``run_sft`` from samples that are chat rows already, ``SFTSample``s, or dicts with
+    ``prompt``/``response`` (the synthetic sources' and the selection functions' samples)."""
+    from klear_lib.data.hub import sft_sample_to_chat
+
+    return [s if isinstance(s, dict) and "completion" in s else sft_sample_to_chat(s) for s in samples]
+
+
+def sft_from(start: str | Path, samples: list, output_dir: str | Path, cfg: SFTStageConfig):
+    """Load the model saved at ``start`` (a folder or hub name), fine-tune it on ``samples`` (see ``chat_rows``)
+    and return ``(model, tokenizer)``; the result is also saved under ``output_dir/final``."""
+    if not samples:
+        raise ValueError(f"no samples to fine-tune on (output {output_dir})")
+    model, tokenizer = load_for_sft(start, max_length=cfg.max_length, bf16=cfg.bf16)
+    return run_sft(model, tokenizer, chat_rows(samples), output_dir, cfg), tokenizer

@@ -1,0 +1,177 @@
+"""The SFT data pipeline end to end on data in the real hub schemas (written here, loaded through the real
+loaders), Top-K selection with K-center inside sources, and the SFT stage's helpers."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from klear_lib import models
+from klear_lib.config import SFTExperimentConfig
+from klear_lib.data import hub, pipeline, selection, tasks, teachers
+from klear_lib.train import sft
+
+AIME_PROBLEM = ("Find the number of ordered pairs of positive integers such that the sum of their squares "
+                "equals two hundred and fifty")
+
+
+@pytest.fixture
+def hub_sources(tmp_path):
+    """Two SFT sources in two real schemas and one benchmark file, on disk."""
+    openr1 = [
+        hub.openr1_row("What is 1 + 1?", ["<think>1+1=2</think> \\boxed{2}", "<think>1+1=3</think> \\boxed{3}"],
+                       [True, False]),
+        hub.openr1_row(AIME_PROBLEM + " exactly?", ["<think>...</think> \\boxed{4}"], [True]),  # contaminated
+        hub.openr1_row("What is 1 + 1?", ["<think>1+1=2</think> \\boxed{2}"], [True]),  # duplicate of row 0
+    ]
+    chat = [hub.messages_row("Compute 2 + 2.", "<think>2+2=4</think> \\boxed{4}", layout="conversations",
+                             roles=("human", "gpt")),
+            hub.messages_row("What is 1 + 1?", "<think>1+1=2</think> \\boxed{2}", layout="conversations",
+                             roles=("human", "gpt"))]
+    paths = {"openr1": hub.write_jsonl(openr1, tmp_path / "openr1.jsonl"),
+             "chat": hub.write_jsonl(chat, tmp_path / "chat.jsonl"),
+             "aime": hub.write_jsonl([hub.aime_row("2024-I-1", AIME_PROBLEM, "4")], tmp_path / "aime.jsonl")}
+    return paths, tmp_path / "cache"
+
+
+def test_prepare_pool_on_real_schemas(hub_sources):
+    paths, cache = hub_sources
+    by_source = {"openr1": hub.load_sft_source("openr1", paths["openr1"], cache_dir=cache),
+                 "chat": hub.load_sft_source("chat", paths["chat"], cache_dir=cache)}
+    refs = [p.problem for p in hub.load_eval_problems(paths["aime"], cache_dir=cache)]
+    pool, report = pipeline.prepare_pool(by_source, refs)
+    rep = {r["source"]: r for r in report}
+    assert rep["openr1"] == {"source": "openr1", "samples": 4, "contaminated": 1, "duplicates": 1, "kept": 2,
+                             "teacher_correct": 0.5}
+    assert rep["chat"] == {"source": "chat", "samples": 2, "contaminated": 0, "duplicates": 0, "kept": 2,
+                           "teacher_correct": None}
+    # the same problem answered by two sources is two samples: de-duplication is per source
+    assert sum(s["prompt"] == "What is 1 + 1?" for s in pool) == 3
+    assert all(s["source"] in ("openr1", "chat") for s in pool)
+    only_true = selection.filter_by_correctness([s for s in pool if s["source"] == "openr1"], "only_true")
+    assert [s["response"] for s in only_true] == ["<think>1+1=2</think> \\boxed{2}"]
+    rows = sft.chat_rows(pool)
+    assert rows[0] == {"prompt": [{"role": "user", "content": "What is 1 + 1?"}],
+                       "completion": [{"role": "assistant", "content": "<think>1+1=2</think> \\boxed{2}"}]}
+
+
+def test_prepare_pool_rejects_samples_without_text():
+    with pytest.raises(ValueError, match="sample 1 of source 'a'"):
+        pipeline.prepare_pool({"a": [{"prompt": "p", "response": "r"}, {"prompt": "p"}]}, [])
+    with pytest.raises(TypeError, match="sample 0 of source 'a'"):
+        pipeline.prepare_pool({"a": ["text"]}, [])
+
+
+def _pool(n_per_source=30):
+    out = []
+    for src in ("a", "b", "c"):
+        for i in range(n_per_source):
+            out.append({"source": src, "prompt": f"{src} problem {i % 10}", "response": "r"})
+    return out
+
+
+def test_top_k_with_a_pick_uses_it_inside_each_source():
+    calls = []
+
+    def first_ones(source_samples, count, rng):
+        calls.append((source_samples[0]["source"], len(source_samples), count))
+        return list(range(count))
+
+    chosen = selection.top_k_sources(_pool(), {"a": 3, "b": 2, "c": 1}, 2, 10, seed=0, pick=first_ones)
+    assert sorted(calls) == [("a", 30, 5), ("b", 30, 5)]
+    assert [s["prompt"] for s in chosen] == [f"a problem {i}" for i in range(5)] + [f"b problem {i}" for i in range(5)]
+
+
+@pytest.mark.parametrize("bad", [lambda s, c, r: [0] * c, lambda s, c, r: list(range(c + 1)),
+                                 lambda s, c, r: [len(s)] + list(range(c - 1))])
+def test_top_k_rejects_a_bad_pick(bad):
+    with pytest.raises(ValueError, match="pick returned"):
+        selection.top_k_sources(_pool(), {"a": 1, "b": 0, "c": 0}, 1, 4, seed=0, pick=bad)
+
+
+def test_k_center_pick_takes_every_distinct_prompt_before_any_repeat():
+    # 30 samples per source over 10 distinct prompts: a budget of 10 from one source is the 10 distinct ones
+    chosen = selection.top_k_sources(_pool(), {"a": 1, "b": 0, "c": 0}, 1, 10, seed=3,
+                                     pick=selection.k_center_pick(dim=64))
+    assert sorted(s["prompt"] for s in chosen) == sorted(f"a problem {i}" for i in range(10))
+    uniform = selection.top_k_sources(_pool(), {"a": 1, "b": 0, "c": 0}, 1, 10, seed=3)
+    assert len({s["prompt"] for s in uniform}) < 10  # a uniform draw of 10 of 30 repeats (P(no repeat) ≈ 2e-4)
+
+
+def test_k_center_pick_names_a_sample_without_the_field():
+    pick = selection.k_center_pick(field="question")
+    with pytest.raises(ValueError, match="needs a str 'question'"):
+        pick([{"source": "a", "prompt": "x"}], 1, random.Random(0))
+
+
+def test_sft_experiment_config_is_strict_and_feeds_the_sft_stage():
+    cfg = SFTExperimentConfig.from_params({"sft_lr": 1e-3, "seed": 3})
+    stage = sft.SFTStageConfig.from_experiment(cfg, epochs=0.5)
+    assert (stage.learning_rate, stage.seed, stage.batch_size, stage.epochs, stage.max_length) == (1e-3, 3, 8, 0.5, 256)
+    with pytest.raises(ValueError, match="unknown key.*sft_rate"):
+        SFTExperimentConfig.from_params({"sft_rate": 1e-3})
+    with pytest.raises(TypeError, match="SFTExperimentConfig.n_val must be int"):
+        SFTExperimentConfig.from_params({"n_val": "64"})
+    assert cfg.replace(levels="1,4").level_list == (1, 4)
+
+
+def test_load_for_sft_without_unsloth_is_plain_transformers(tmp_path):
+    train, _ = tasks.make_splits(0, 50, 4)
+    tok = models.build_tokenizer(tasks.corpus(train), vocab_size=300)
+    models.save_model_and_tokenizer(models.build_tiny_model(tok), tok, tmp_path / "m")
+    if not sft.unsloth_available():
+        model, tok2 = sft.load_for_sft(tmp_path / "m", bf16=False)
+        assert type(model).__name__ == "Qwen3ForCausalLM" and model.dtype == torch.float32
+        with pytest.raises(RuntimeError, match="unsloth"):
+            sft.load_for_sft(tmp_path / "m", use_unsloth=True)
+
+
+def test_sft_from_learns_the_selected_samples(tmp_path):
+    """Continued SFT from a saved model lowers the loss on the samples it was given (learning happened)."""
+    train, _ = tasks.make_splits(0, 200, 4)
+    tok = models.build_tokenizer(tasks.corpus(train), vocab_size=300)
+    models.save_model_and_tokenizer(models.build_tiny_model(tok, seed=0), tok, tmp_path / "start")
+    samples = teachers.source_samples(teachers.SOURCES["clean"], train, 64, seed=0)
+    rows = sft.chat_rows(samples)
+
+    def loss(model):
+        text = [tok.apply_chat_template(r["prompt"] + r["completion"], tokenize=False) for r in rows[:16]]
+        enc = tok(text, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            return model(**enc, labels=enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)).loss.item()
+
+    before = loss(models.load_model_and_tokenizer(tmp_path / "start", dtype=torch.float32)[0])
+    model, _ = sft.sft_from(tmp_path / "start", samples, tmp_path / "out",
+                            sft.SFTStageConfig(learning_rate=3e-3, epochs=3, batch_size=8, resume=False))
+    assert (tmp_path / "out" / "final" / "config.json").exists()
+    assert loss(model) < 0.6 * before
+    with pytest.raises(ValueError, match="no samples"):
+        sft.sft_from(tmp_path / "start", [], tmp_path / "o2", sft.SFTStageConfig())
+
+
+@pytest.mark.gpu
+def test_load_for_sft_uses_unsloth_on_a_gpu(tmp_path):
+    pytest.importorskip("unsloth")
+    train, _ = tasks.make_splits(0, 50, 4)
+    tok = models.build_tokenizer(tasks.corpus(train), vocab_size=300)
+    models.save_model_and_tokenizer(models.build_tiny_model(tok), tok, tmp_path / "m")
+    assert sft.unsloth_available()
+    model, tok2 = sft.load_for_sft(tmp_path / "m", max_length=256, bf16=True)
+    import sys
+    assert "unsloth" in sys.modules and next(model.parameters()).is_cuda
+    enc = tok2(["<think>\n1 + 2 = 3\n</think>\n\\boxed{3}"], return_tensors="pt").to("cuda")
+    out = model(**enc, labels=enc["input_ids"])
+    out.loss.backward()  # full fine-tuning: every parameter gets a gradient
+    assert torch.isfinite(out.loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_hashed_embedding_is_what_k_center_pick_uses():
+    # k_center_pick's first pick comes from the source rng, the rest are K-center greedy on the hashed embedding
+    samples = [{"source": "a", "prompt": p} for p in ("x y", "x y", "far away text", "x z")]
+    rng = random.Random(0)
+    first = random.Random(0).randrange(4)
+    got = selection.k_center_pick(dim=32)(samples, 3, rng)
+    emb = selection.hashed_ngram_embedding([s["prompt"] for s in samples], dim=32)
+    assert got == selection.k_center_greedy(emb, 3, first=first)
+    assert np.allclose(np.linalg.norm(emb, axis=1), 1.0)
