@@ -395,3 +395,36 @@ def positive_sample_loss(log_prob: Tensor, response_mask: Tensor, is_positive: T
     mask = response_mask.bool() & is_positive.bool().unsqueeze(-1)  # (B, T)
     # Klear: L_pos = -Σ_{j∈pos} Σ_t log π_θ(y_j,t) / Σ_{j∈pos} |y_j|  (token-mean)
     return agg_loss(-log_prob, mask, loss_agg_mode)
+
+
+# Old-policy entropy buckets (nats) of the ERC diagnostics: near-deterministic tokens, uncertain ones, forks.
+ENTROPY_BUCKETS = (("low", 0.0, 0.1), ("mid", 0.1, 1.0), ("high", 1.0, float("inf")))
+
+
+def entropy_diagnostics(entropy: Tensor, old_entropy: Tensor, mask: Tensor, *, erc_low: float | None = None,
+                        erc_high: float | None = None) -> dict[str, float]:
+    """Per-step diagnostics of the entropy ratio ρ = (H + 1e-8) / (H_old + 1e-8) over the valid tokens:
+
+    * ``erc/ratio_p05``, ``erc/ratio_p50``, ``erc/ratio_p95``: quantiles of ρ (its distribution, step by step);
+    * per old-entropy bucket b of ``ENTROPY_BUCKETS``: ``erc/token_share_b`` (share of tokens in b) and
+      ``erc/masked_frac_b`` (share of b's tokens that ERC with these bounds stops, ρ ≤ erc_low or ρ ≥ erc_high;
+      0 when the bounds are None, i.e. ERC is off).
+
+    The ERC paper's claim to check: ERC stops about 20% of tokens, mostly low-entropy ones. Empty mask: {}.
+    """
+    m = mask.bool()
+    if not bool(m.any()):
+        return {}
+    with torch.no_grad():
+        h, h_old = entropy.detach()[m].float(), old_entropy.detach()[m].float()  # (N,)
+        rho = (h + ENTROPY_EPS) / (h_old + ENTROPY_EPS)
+        q = torch.quantile(rho, torch.tensor([0.05, 0.5, 0.95], dtype=rho.dtype))
+        out = {"erc/ratio_p05": float(q[0]), "erc/ratio_p50": float(q[1]), "erc/ratio_p95": float(q[2])}
+        stopped = torch.zeros_like(rho, dtype=torch.bool)
+        if erc_low is not None and erc_high is not None:
+            stopped = (rho <= erc_low) | (rho >= erc_high)
+        for name, lo, hi in ENTROPY_BUCKETS:
+            inb = (h_old >= lo) & (h_old < hi)
+            out[f"erc/token_share_{name}"] = float(inb.float().mean())
+            out[f"erc/masked_frac_{name}"] = float(stopped[inb].float().mean()) if bool(inb.any()) else 0.0
+    return out

@@ -465,3 +465,22 @@ def test_config_validation_names_field_and_value(kwargs, field):
     with pytest.raises(ValueError, match=field) as e:
         PolicyLossConfig(**kwargs)
     assert repr(kwargs.get(field)) in str(e.value)
+
+
+def test_entropy_diagnostics_by_hand():
+    from klear_lib.losses import entropy_diagnostics
+
+    old = torch.tensor([[0.05, 0.05, 0.5, 0.5, 2.0, 2.0, 9.9]])
+    new = torch.tensor([[0.04, 0.05, 0.5, 0.7, 2.0, 1.0, 9.9]])  # ρ: 0.8, 1, 1, 1.4, 1, 0.5, (padding)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0]])
+    d = entropy_diagnostics(new, old, mask, erc_low=0.8, erc_high=1.2)
+    assert d["erc/token_share_low"] == pytest.approx(2 / 6) and d["erc/token_share_high"] == pytest.approx(2 / 6)
+    assert d["erc/masked_frac_low"] == pytest.approx(1 / 2)   # ρ = 0.8 <= 0.8 is stopped, ρ = 1 is not
+    assert d["erc/masked_frac_mid"] == pytest.approx(1 / 2)   # ρ = 1.4 >= 1.2
+    assert d["erc/masked_frac_high"] == pytest.approx(1 / 2)  # ρ = 0.5
+    assert d["erc/ratio_p50"] == pytest.approx(1.0)
+    rho = torch.tensor([0.8, 1.0, 1.0, 1.4, 1.0, 0.5])
+    assert d["erc/ratio_p05"] == pytest.approx(float(torch.quantile(rho, 0.05)), rel=1e-5)
+    off = entropy_diagnostics(new, old, mask)
+    assert all(off[f"erc/masked_frac_{b}"] == 0 for b in ("low", "mid", "high"))
+    assert entropy_diagnostics(new, old, torch.zeros_like(mask)) == {}

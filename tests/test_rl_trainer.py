@@ -129,3 +129,50 @@ def test_rl_learns_a_simple_preference(tiny, tmp_path, loss_name):
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
     assert last > first + 0.15, rewards
+
+
+def test_klear_logprob_backend_equals_trls_fused_head(tiny, tmp_path):
+    """klear_lib.logprobs on the backbone's hidden states and TRL's fused LM head: same log-probs and entropies
+    (1e-5) and the same parameter gradients (1e-4), padding included."""
+    from trl import GRPOTrainer
+
+    from klear_lib.train.rl import klear_token_stats
+
+    trainer = make_trainer(tiny, tmp_path, klear=KlearLossConfig(loss_name="gppo"), steps=1)
+    model = trainer.model
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (5, 14), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding of a prompt
+    mask[1, -4:] = 0  # a completion that ended early
+    keep = 8
+
+    def run(fn):
+        model.zero_grad()
+        logps, ent, _ = fn()
+        m = mask[:, -keep:].float()
+        ((logps * m).sum() + 0.5 * (ent * m).sum()).backward()
+        return logps.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    trl_out = run(lambda: GRPOTrainer._get_per_token_logps_and_entropies(
+        trainer, model, ids, mask, keep, compute_entropy=True))
+    ours = run(lambda: klear_token_stats(model, ids, mask, keep, temperature=trainer.temperature, batch_size=2))
+    m = mask[:, -keep:].bool()
+    assert torch.allclose(ours[0][m], trl_out[0][m], atol=1e-5)
+    assert torch.allclose(ours[1][m], trl_out[1][m], atol=1e-5)
+    assert (ours[0][~m] == 0).all() and (ours[1][~m] == 0).all()
+    for name, grad in trl_out[2].items():
+        assert torch.allclose(ours[2][name], grad, atol=1e-4), name
+    assert trainer.klear.logprob_backend == "klear"
+
+
+def test_klear_backend_refuses_scaled_logits(tiny, tmp_path):
+    from klear_lib.train.rl import klear_token_stats
+
+    trainer = make_trainer(tiny, tmp_path, klear=KlearLossConfig(loss_name="gppo"), steps=1)
+    trainer.model.config.final_logit_softcapping = 30.0
+    ids = torch.randint(3, 50, (2, 6))
+    with pytest.raises(ValueError, match="final_logit_softcapping.*logprob_backend='trl'"):
+        klear_token_stats(trainer.model, ids, torch.ones_like(ids), 3)
+    with pytest.raises(ValueError, match="logprob_backend"):
+        KlearLossConfig(logprob_backend="naive")

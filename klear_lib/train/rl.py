@@ -26,6 +26,7 @@ TRL internals overridden (pinned to ``TRL_VERSION``; ``tests/test_trl_contract.p
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 import warnings
@@ -42,7 +43,9 @@ from klear_lib.data.tasks import exact_answer_reward, prompt_messages
 from klear_lib.evaluation.heldout import evaluate_heldout
 
 from klear_lib.advantages import grpo_advantages, zero_advantage_group_mask
-from klear_lib.losses import POLICY_LOSSES, PolicyLossConfig, compute_policy_loss, positive_sample_loss
+from klear_lib.logprobs import IGNORE_INDEX, token_logprobs_and_entropy
+from klear_lib.losses import (POLICY_LOSSES, PolicyLossConfig, compute_policy_loss, entropy_diagnostics,
+                              positive_sample_loss)
 
 TRL_VERSION = "1.16.0"  # the TRL release whose internals this trainer overrides
 
@@ -69,14 +72,53 @@ class KlearLossConfig:
     """The reward of a fully-correct response (for the filter and the positive-sample term)."""
     sft_alpha: float = 0.1
     """α of the positive-sample NLL term (Klear: 0.1; 0 turns it off)."""
+    logprob_backend: str = "klear"
+    """Where per-token log-probs and entropies come from: ``klear`` (``klear_lib.logprobs``: chunked over tokens,
+    the LM head's logits recomputed in backward; text-only models without logit scaling) or ``trl`` (TRL 1.16's
+    fused LM head). Both avoid (B, T, V) logits; tests check they agree to 1e-5."""
 
     def __post_init__(self) -> None:
+        if self.logprob_backend not in ("klear", "trl"):
+            raise ValueError(f"logprob_backend must be 'klear' or 'trl', got {self.logprob_backend!r}")
         if self.loss_name not in POLICY_LOSSES:
             raise ValueError(f"loss_name {self.loss_name!r} is not registered; registered: {sorted(POLICY_LOSSES)}")
         if self.filter_rule not in ("klear", "dapo"):
             raise ValueError(f"filter_rule must be 'klear' or 'dapo', got {self.filter_rule!r}")
         if self.sft_alpha < 0:
             raise ValueError(f"sft_alpha must be >= 0, got {self.sft_alpha}")
+
+
+def klear_token_stats(model, input_ids, attention_mask, logits_to_keep, *, temperature=1.0, batch_size=None,
+                      autocast=contextlib.nullcontext):
+    """Per-token log-probs and entropies of the last ``logits_to_keep`` tokens, as TRL's pass returns them
+    ``(logps, entropies, None)``, each (B, logits_to_keep), from the backbone's last hidden states and the LM-head
+    weight through ``klear_lib.logprobs.token_logprobs_and_entropy`` (chunked; no (B, T, V) logits, in forward
+    or backward). Positions with ``attention_mask == 0`` get 0. Models whose logits are scaled or soft-capped
+    after the LM head are refused (their logits are not ``hidden @ W.T``)."""
+    unwrapped = model.module if hasattr(model, "module") and not hasattr(model, "get_output_embeddings") else model
+    cfg = unwrapped.config.get_text_config() if hasattr(unwrapped.config, "get_text_config") else unwrapped.config
+    for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier"):
+        if getattr(cfg, attr, None) not in (None, 1, 1.0):
+            raise ValueError(f"logprob_backend='klear' needs logits = hidden @ W.T; {type(unwrapped).__name__} sets "
+                             f"{attr}={getattr(cfg, attr)!r}: use logprob_backend='trl'")
+    head = unwrapped.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise ValueError("logprob_backend='klear' needs an LM head without bias: use logprob_backend='trl'")
+    backbone = getattr(unwrapped, unwrapped.base_model_prefix)
+    batch_size = batch_size or input_ids.size(0)
+    all_logps, all_ent = [], []
+    for start in range(0, input_ids.size(0), batch_size):
+        ids, mask = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
+        with autocast():
+            hidden = backbone(input_ids=ids, attention_mask=mask).last_hidden_state  # (b, T, H)
+        # the hidden state at position t predicts token t + 1: keep the logits_to_keep positions before each
+        # scored token
+        h = hidden[:, -logits_to_keep - 1:-1]
+        labels = ids[:, -logits_to_keep:].masked_fill(mask[:, -logits_to_keep:] == 0, IGNORE_INDEX)
+        logps, ent = token_logprobs_and_entropy(h, head.weight, labels, temperature=temperature)
+        all_logps.append(logps)
+        all_ent.append(ent)
+    return torch.cat(all_logps), torch.cat(all_ent), None
 
 
 class KlearGRPOTrainer(GRPOTrainer):
@@ -106,13 +148,21 @@ class KlearGRPOTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *a, **kw):
         if self._capture_old_entropy:  # the old-log-prob pass inside _generate_and_score_completions
             kw["compute_entropy"] = True
-            logps, entropies, aux = super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, *a, **kw
-            )
+            logps, entropies, aux = self._logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *a, **kw)
             self._captured_old_entropy = entropies
             self._capture_old_entropy = False  # only the first pass is the rollout policy's
             return logps, entropies, aux
-        return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *a, **kw)
+        return self._logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *a, **kw)
+
+    def _logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                             compute_entropy=False, compute_aux_loss=False, **multimodal):
+        """TRL's pass, or ``klear_lib.logprobs`` on the backbone's hidden states (``logprob_backend``)."""
+        if self.klear.logprob_backend == "trl" or compute_aux_loss or any(v is not None for v in multimodal.values()):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **multimodal)
+        return klear_token_stats(model, input_ids, attention_mask, logits_to_keep, temperature=self.temperature,
+                                 batch_size=batch_size, autocast=self.accelerator.autocast)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -184,6 +234,8 @@ class KlearGRPOTrainer(GRPOTrainer):
             loss = loss + k.sft_alpha * pos
         self._metrics[mode]["actor/positive_loss"].append(pos.item())
         self._metrics[mode]["klear/positive_frac"].append(inputs["klear_positive"].float().mean().item())
+        pl = k.policy_loss
+        metrics.update(entropy_diagnostics(entropy, old_entropy, mask, erc_low=pl.erc_low, erc_high=pl.erc_high))
         for name, value in metrics.items():
             self._metrics[mode][name].append(value)
         denom = mask.sum().clamp(min=1.0)
