@@ -46,21 +46,20 @@ def _coerce(value, hint, where: str):
 
 
 @dataclass
-class RLExperimentConfig:
-    """One RL run on the tiny arithmetic task (or a hub model at the gpu preset): data, SFT, RL, evaluation."""
+class TaskModelConfig:
+    """What every experiment on the tiny tasks shares: seeds, the fixed splits, the model. The experiment
+    configs below extend it; strict construction and diffs (``from_params``, ``replace``) live here."""
 
     seed: int = 0
     """The one seed of the run: data order, sampling and initialisation (set through ``runs.set_seed``)."""
-    # -- task -------------------------------------------------------------------------------------------------
     data_seed: int = 1234
     """Seed of the fixed train / held-out splits (the same for every run seed, so runs compare)."""
     n_train: int = 6000
-    """Training problems (SFT samples are drawn from them, RL prompts too)."""
+    """Training problems."""
     n_heldout: int = 128
     """Held-out problems for avg@n."""
     levels: str = "1,2,3,4"
     """Difficulty levels drawn uniformly, comma-separated (klear_lib.data.tasks.LEVELS)."""
-    # -- model ------------------------------------------------------------------------------------------------
     model: str = "tiny"
     """``tiny`` (a ≈1M-parameter Qwen3 built here) or a hub name / local folder of a causal LM."""
     tiny_hidden: int = 128
@@ -69,6 +68,24 @@ class RLExperimentConfig:
     """Layers of the tiny model."""
     vocab_size: int = 1024
     """Upper bound of the tiny tokenizer's BPE vocabulary (the task's text needs only a few hundred)."""
+
+    @property
+    def level_list(self) -> tuple[int, ...]:
+        return tuple(int(x) for x in self.levels.split(","))
+
+    @classmethod
+    def from_params(cls, params: typing.Mapping):
+        return from_dict(cls, params)
+
+    def replace(self, **changes):
+        """A copy with ``changes`` (an ablation is a diff), checked as strictly as ``from_params``."""
+        return from_dict(type(self), {**dataclasses.asdict(self), **changes})
+
+
+@dataclass
+class RLExperimentConfig(TaskModelConfig):
+    """One RL run on the tiny arithmetic task (or a hub model at the gpu preset): data, SFT, RL, evaluation."""
+
     # -- SFT warm start -----------------------------------------------------------------------------------------
     sft_lr: float = 2e-3
     """Peak SFT learning rate (cosine decay). 5e-3 stalls the tiny model on a plateau before it learns to copy."""
@@ -157,10 +174,6 @@ class RLExperimentConfig:
         self.klear_loss  # validates the loss name and the clip/ERC values early
 
     @property
-    def level_list(self) -> tuple[int, ...]:
-        return tuple(int(x) for x in self.levels.split(","))
-
-    @property
     def updates_per_rollout(self) -> int:
         return self.rollout_prompts // self.mini_batch_prompts
 
@@ -188,40 +201,14 @@ class RLExperimentConfig:
             sft_alpha=self.sft_alpha,
         )
 
-    @classmethod
-    def from_params(cls, params: typing.Mapping) -> "RLExperimentConfig":
-        return from_dict(cls, params)
-
-    def replace(self, **changes) -> "RLExperimentConfig":
-        """A copy with ``changes`` (an ablation is a diff), checked as strictly as ``from_params``."""
-        return from_dict(type(self), {**dataclasses.asdict(self), **changes})
-
 
 @dataclass
-class SFTExperimentConfig:
+class SFTExperimentConfig(TaskModelConfig):
     """One SFT data ablation on the tiny arithmetic task (or a hub model at the gpu/paper presets): a fresh model
     per run, trained on a selected set of teacher responses, evaluated on held-out problems."""
 
-    seed: int = 0
-    """Seed of the run: model initialisation, data order and sampling (set through ``runs.set_seed``)."""
-    data_seed: int = 1234
-    """Seed of the problem splits and of the teachers' responses (the same for every run seed)."""
-    n_train: int = 6000
-    """Training problems the sources answer."""
     n_val: int = 64
     """Validation problems (source scores, difficulty of held-out problems); disjoint from the test problems."""
-    n_heldout: int = 128
-    """Test problems for avg@n."""
-    levels: str = "1,2,3,4"
-    """Difficulty levels drawn uniformly, comma-separated (klear_lib.data.tasks.LEVELS)."""
-    model: str = "tiny"
-    """``tiny`` (a ≈1M-parameter Qwen3 built here, fresh per run) or a hub name / local folder."""
-    tiny_hidden: int = 128
-    """Hidden size of the tiny model."""
-    tiny_layers: int = 4
-    """Layers of the tiny model."""
-    vocab_size: int = 1024
-    """Upper bound of the tiny tokenizer's BPE vocabulary."""
     sft_lr: float = 2e-3
     """Peak SFT learning rate (Klear 8e-5 cosine to 4e-5 on an 8B model)."""
     sft_epochs: float = 2.0
@@ -244,13 +231,3 @@ class SFTExperimentConfig:
     bf16: bool = False
     """bf16 autocast (GPU presets)."""
 
-    @property
-    def level_list(self) -> tuple[int, ...]:
-        return tuple(int(x) for x in self.levels.split(","))
-
-    @classmethod
-    def from_params(cls, params: typing.Mapping) -> "SFTExperimentConfig":
-        return from_dict(cls, params)
-
-    def replace(self, **changes) -> "SFTExperimentConfig":
-        return from_dict(type(self), {**dataclasses.asdict(self), **changes})

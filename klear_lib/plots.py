@@ -26,6 +26,21 @@ TITLES = {
 }
 
 
+def _finish(fig, axes, used: int, *, legend: bool, title: str | None, out: str | Path | None):
+    """Blank the unused panels, add the legend and title, lay out, save to ``out`` if given."""
+    for ax in list(axes.flat)[used:]:
+        ax.axis("off")
+    if legend:
+        axes.flat[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+    return fig
+
+
 def metrics_frame(run_dir: str | Path) -> pd.DataFrame:
     """All records of ``run_dir/metrics.jsonl`` as one DataFrame (one row per record)."""
     return pd.DataFrame(read_metrics(Path(run_dir) / "metrics.jsonl"))
@@ -54,17 +69,7 @@ def plot_curves(df: pd.DataFrame, metrics: list[str], *, by: str = "variant", ou
         ax.set_title(TITLES.get(metric, metric), fontsize=10)
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(metrics):]:
-        ax.axis("off")
-    if metrics:
-        axes.flat[0].legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
-    return fig
+    return _finish(fig, axes, len(metrics), legend=bool(metrics), title=title, out=out)
 
 
 def final_table(df: pd.DataFrame, *, by: str = "variant", seed: str = "seed") -> pd.DataFrame:
@@ -124,14 +129,4 @@ def plot_points(df: pd.DataFrame, x: str, metrics: list[str], *, hue: str | None
         ax.set_title(TITLES.get(metric, metric), fontsize=10)
         ax.set_xlabel(xlabel or x)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(metrics):]:
-        ax.axis("off")
-    if hue and metrics:
-        axes.flat[0].legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
-    return fig
+    return _finish(fig, axes, len(metrics), legend=bool(hue and metrics), title=title, out=out)

@@ -159,3 +159,41 @@ def sft_from(start: str | Path, samples: list, output_dir: str | Path, cfg: SFTS
         raise ValueError(f"no samples to fine-tune on (output {output_dir})")
     model, tokenizer = load_for_sft(start, max_length=cfg.max_length, bf16=cfg.bf16)
     return run_sft(model, tokenizer, chat_rows(samples), output_dir, cfg), tokenizer
+
+
+@dataclass
+class WarmStart:
+    """The SFT start that every run of an RL notebook shares (``arithmetic_warm_start``)."""
+
+    train: list
+    heldout: list
+    tokenizer: object
+    model: object
+    sft_dir: Path
+    start: dict
+    """Held-out evaluation of the SFT model (``evaluate_heldout``'s result)."""
+
+
+def arithmetic_warm_start(cfg, out_dir: str | Path, *, progress=print) -> WarmStart:
+    """The RL notebooks' common first stage on the arithmetic task, from an ``RLExperimentConfig``: the fixed
+    splits, the starting model (``models.model_for``), SFT on the synthetic teacher at ``cfg.sft_error_rate``
+    (saved under ``out_dir/final``), and the held-out evaluation of the result at the evaluation protocol."""
+    import time
+
+    from klear_lib import models, runs
+    from klear_lib.data import tasks
+    from klear_lib.evaluation.heldout import evaluate_heldout
+
+    clock = time.perf_counter()
+    runs.set_seed(cfg.seed)
+    train, heldout = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, cfg.level_list)
+    model, tokenizer = models.model_for(cfg, tasks.corpus(train))
+    progress(f"model: {cfg.model}, {models.count_parameters(model):,} parameters, vocabulary {len(tokenizer)}")
+    model = run_sft(model, tokenizer, sft_samples(train, error_rate=cfg.sft_error_rate, seed=cfg.data_seed),
+                    out_dir, SFTStageConfig.from_experiment(cfg))
+    start = evaluate_heldout(model, tokenizer, heldout, n=cfg.eval_n, temperature=cfg.eval_temperature,
+                             top_p=cfg.eval_top_p, max_new_tokens=cfg.max_completion_length)
+    progress(f"SFT start: held-out avg@{start['n']} = {start['avg_at_n']:.3f}, format {start['format_rate']:.2f}, "
+             f"by level {({k: round(v, 3) for k, v in start['by_level'].items()})} "
+             f"({time.perf_counter() - clock:.0f}s)")
+    return WarmStart(train, heldout, tokenizer, model, Path(out_dir) / "final", start)

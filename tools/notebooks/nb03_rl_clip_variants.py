@@ -66,10 +66,8 @@ from IPython.display import display
 from klear_lib import models, plots, runs
 from klear_lib.notebook import quiet
 from klear_lib.config import RLExperimentConfig
-from klear_lib.data import tasks
-from klear_lib.evaluation.heldout import evaluate_heldout
 from klear_lib.train.rl import run_rl
-from klear_lib.train.sft import SFTStageConfig, run_sft, sft_samples
+from klear_lib.train.sft import arithmetic_warm_start
 
 quiet()
 base = RLExperimentConfig.from_params(dict(
@@ -101,20 +99,8 @@ print(f"{len(chosen)} variants x {len(seed_list)} seeds; {base.rollouts} rollout
     md(r"""## SFT warm start
 One SFT start shared by every variant and seed (the runs differ only in the RL loss and the RL seed), so that
 the comparison isolates the loss. The model learns the `<think>` format and most of the arithmetic."""),
-    code(r"""clock = time.perf_counter()
-runs.set_seed(base.seed)
-train, heldout = tasks.make_splits(base.data_seed, base.n_train, base.n_heldout, base.level_list)
-model0, tokenizer = models.model_for(base, tasks.corpus(train))
-print(f"model: {base.model}, {models.count_parameters(model0):,} parameters, vocabulary {len(tokenizer)}")
-sft_cfg = SFTStageConfig(learning_rate=base.sft_lr, epochs=base.sft_epochs, batch_size=base.sft_batch_size,
-                         seed=base.seed, use_cpu=base.use_cpu, bf16=base.bf16)
-model0 = run_sft(model0, tokenizer, sft_samples(train, error_rate=base.sft_error_rate, seed=base.data_seed),
-                 run_path / "sft", sft_cfg)
-sft_dir = run_path / "sft" / "final"
-start = evaluate_heldout(model0, tokenizer, heldout, n=base.eval_n, temperature=base.eval_temperature,
-                         top_p=base.eval_top_p, max_new_tokens=base.max_completion_length)
-print(f"SFT start: held-out avg@{start['n']} = {start['avg_at_n']:.3f}, format {start['format_rate']:.2f}, "
-      f"by level {({k: round(v, 3) for k, v in start['by_level'].items()})} ({time.perf_counter() - clock:.0f}s)")"""),
+    code(r"""ws = arithmetic_warm_start(base, run_path / "sft")
+train, heldout, sft_dir, start = ws.train, ws.heldout, ws.sft_dir, ws.start"""),
     md(r"""## RL: every variant × every seed
 Each run starts from the SFT model, sets its seed in one place (`runs.set_seed`), and writes one record per
 optimizer step and per held-out evaluation to `metrics.jsonl`, tagged with its variant and seed."""),

@@ -60,11 +60,9 @@ from IPython.display import display
 
 from klear_lib import models, plots, runs
 from klear_lib.config import RLExperimentConfig
-from klear_lib.data import tasks
-from klear_lib.evaluation.heldout import evaluate_heldout
 from klear_lib.notebook import quiet
 from klear_lib.train.rl import run_rl
-from klear_lib.train.sft import SFTStageConfig, run_sft, sft_samples
+from klear_lib.train.sft import arithmetic_warm_start
 
 quiet()
 base = RLExperimentConfig.from_params(dict(
@@ -103,17 +101,8 @@ runs.write_run_metadata(run_path, {"base": base, "variants": {v: c.klear_loss fo
 print(f"run dir: {run_path}")
 print(f"{len(configs)} variants x {len(seed_list)} seeds; {base.max_steps} optimizer steps per run")"""),
     md(r"""## SFT warm start (shared by every run)"""),
-    code(r"""clock = time.perf_counter()
-runs.set_seed(base.seed)
-train, heldout = tasks.make_splits(base.data_seed, base.n_train, base.n_heldout, base.level_list)
-model0, tokenizer = models.model_for(base, tasks.corpus(train))
-print(f"model: {base.model}, {models.count_parameters(model0):,} parameters, vocabulary {len(tokenizer)}")
-model0 = run_sft(model0, tokenizer, sft_samples(train, error_rate=base.sft_error_rate, seed=base.data_seed),
-                 run_path / "sft", SFTStageConfig.from_experiment(base))
-sft_dir = run_path / "sft" / "final"
-start = evaluate_heldout(model0, tokenizer, heldout, n=base.eval_n, temperature=base.eval_temperature,
-                         top_p=base.eval_top_p, max_new_tokens=base.max_completion_length)
-print(f"SFT start: held-out avg@{start['n']} = {start['avg_at_n']:.3f} ({time.perf_counter() - clock:.0f}s)")"""),
+    code(r"""ws = arithmetic_warm_start(base, run_path / "sft")
+train, heldout, sft_dir, start = ws.train, ws.heldout, ws.sft_dir, ws.start"""),
     md(r"""## RL: every variant × every seed"""),
     code(r"""clock = time.perf_counter()
 with runs.MetricsWriter(run_path / "metrics.jsonl") as writer:
