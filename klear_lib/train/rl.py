@@ -5,8 +5,9 @@ How it departs from TRL's GRPOTrainer (and so from GRPO as TRL implements it):
 1. The policy loss is ``klear_lib.losses`` (any registered name: ``ppo_clip``/DAPO, ``cispo``, ``gspo``, ``gppo``),
    ERC included, instead of the if/elif inside ``GRPOTrainer._compute_loss``. TRL's ``loss_type``,
    ``epsilon`` and ``epsilon_high`` are ignored.
-2. The rollout policy's per-token entropies are kept from the old-log-prob pass (TRL computes them with its
-   fused LM head and discards them) and handed to the loss as ``old_entropy`` for ERC.
+2. The rollout policy's per-token entropies are kept from the old-log-prob pass (TRL discards them) and handed
+   to the loss as ``old_entropy`` for ERC. Log-probs and entropies come from ``klear_lib.logprobs`` on the
+   backbone's hidden states (``KlearLossConfig.logprob_backend="klear"``) or from TRL's fused LM head ("trl").
 3. Advantages are recomputed from the raw rewards with ``klear_lib.advantages.grpo_advantages`` (Klear: the
    unbiased std and ε = 1e-6; TRL: ε = 1e-4), and Klear's zero-advantage group filter removes whole groups
    from the loss (their tokens leave the token-mean denominator; the batch is not refilled, as in Klear).
