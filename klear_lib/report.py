@@ -1,0 +1,629 @@
+"""`outputs/report.html`: one self-contained page gathering every run directory (see klear_lib.runs).
+
+The page is the first thing to open after ``make reproduce``. It reads only what the run-directory contract
+puts on disk, plus ``<output root>/reproduce.json`` when ``klear reproduce`` wrote one:
+
+    collect_runs(root)   every ``<root>/<notebook>/<stamp>/`` as a RunInfo, with a status:
+                         "ok"          summary.json present and the contract complete;
+                         "failed"      the executed notebook holds an error output, or reproduce.json says so;
+                         "incomplete"  no error found, but contract files missing or unreadable (interrupted,
+                                       or still running)
+    render_report(root)  writes ``<root>/report.html``: an overview table, a wall-time chart, and one section
+                         per notebook (its newest run; older runs listed)
+
+Figures are embedded as base64 data URIs and the CSS is inline, so the file can be mailed or archived alone.
+Every string read from a file is HTML-escaped; only the caller's ``intro_html`` is inserted as is.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as _dt
+import html
+import io
+import json
+import math
+import os
+import re
+import tempfile
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from klear_lib import runs
+
+REPORT_FILE = "report.html"
+REPRODUCE_FILE = "reproduce.json"  # written by `klear reproduce`
+REPORT_NOTEBOOK = "00_report"  # the notebook that renders this report: its runs appear nowhere in it
+MAX_SUMMARY_ROWS = 40
+MAX_ERROR_CHARS = 300
+_FAILING = ("failed", "error")  # reproduce.json statuses (any case) that mean the notebook did not finish
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_STAMP = re.compile(r"(\d{8}-\d{6})(?:-(\d+))?")
+_IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".svg": "image/svg+xml"}
+
+
+@dataclasses.dataclass
+class RunInfo:
+    """What the report knows about one run directory (or, with an empty stamp, a notebook that made none)."""
+
+    notebook: str
+    run_dir: Path
+    stamp: str
+    status: str  # "ok" | "failed" | "incomplete"
+    error: str | None = None  # "<ename>: <evalue> (cell N)", or reproduce.json's message
+    missing: list[str] = dataclasses.field(default_factory=list)  # contract files absent or unreadable
+    preset: str | None = None
+    params: dict = dataclasses.field(default_factory=dict)
+    config: dict = dataclasses.field(default_factory=dict)
+    git: dict = dataclasses.field(default_factory=dict)
+    versions: dict = dataclasses.field(default_factory=dict)
+    summary: dict = dataclasses.field(default_factory=dict)
+    figures: list[Path] = dataclasses.field(default_factory=list)
+    seeds: list[int] = dataclasses.field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Reading run directories.
+
+
+def _stamp_key(stamp: str) -> tuple:
+    """Sort key of a run stamp: `20250101-120000-10` after `-2` (create_run_dir's same-second suffix)."""
+    m = _STAMP.fullmatch(stamp)
+    return (m[1], int(m[2] or 1)) if m else (stamp, 0)
+
+
+def _read_json(path: Path) -> tuple[Any, bool]:
+    """(content, ok): ok is False when the file is absent, truncated or not JSON."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f), True
+    except (OSError, ValueError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None, False
+
+
+def _parse_seeds(value: Any) -> list[int] | None:
+    """`"0,1,2"` / `[0, 1, 2]` / `3` -> a list of ints; None when `value` is not one of those."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, str):
+        value = [v for v in value.replace(" ", "").split(",") if v]
+    if isinstance(value, (list, tuple)):
+        try:
+            return [int(v) for v in value if not isinstance(v, bool)]
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _seeds(params: Mapping, config: Mapping) -> list[int]:
+    for source in (params, config):
+        for key in ("seeds", "seed"):
+            if key in source and (seeds := _parse_seeds(source[key])) is not None:
+                return seeds
+    return []
+
+
+def _notebook_error(nb: Mapping) -> str | None:
+    """"<ename>: <evalue> (cell N)" for the first error output of an executed notebook, else None.
+
+    N is the cell's execution count (Jupyter's ``In [N]``, as `klear run` prints it), or its 1-based position
+    in the notebook when it has none. Cells tagged ``raises-exception`` fail on purpose and are skipped.
+    With no error output, a cell that papermill marked failed (a dead kernel) still counts.
+    """
+    cells = nb.get("cells") or []
+    for pos, cell in enumerate(cells, start=1):
+        meta = cell.get("metadata") or {}
+        if "raises-exception" in (meta.get("tags") or []):
+            continue
+        where = cell.get("execution_count") or pos
+        for out in cell.get("outputs") or []:
+            if out.get("output_type") == "error":
+                ename = str(out.get("ename", "Error"))
+                evalue = " ".join(_ANSI.sub("", str(out.get("evalue", ""))).split())
+                budget = MAX_ERROR_CHARS - len(ename) - len(f": ({where})") - 8
+                if len(evalue) > budget:
+                    evalue = evalue[: max(budget, 20)] + "…"
+                return f"{ename}: {evalue} (cell {where})"
+    for pos, cell in enumerate(cells, start=1):
+        if ((cell.get("metadata") or {}).get("papermill") or {}).get("status") == "failed":
+            return f"execution failed without an error output (cell {cell.get('execution_count') or pos})"
+    return None
+
+
+def _figures(run_dir: Path, summary: Mapping) -> list[Path]:
+    listed = summary.get("figures")
+    if isinstance(listed, list) and listed:
+        return [run_dir / str(f) for f in listed]
+    return sorted((run_dir / "figures").glob("*.png"))
+
+
+def _reproduce_rows(output_root: Path) -> list[dict]:
+    log = read_reproduce_log(output_root)
+    return [r for r in (log or {}).get("rows", []) if isinstance(r, dict) and r.get("notebook")]
+
+
+def _row_key(row: Mapping) -> tuple[str, str] | None:
+    """(notebook, stamp) of a reproduce.json row's run directory; None when it names none."""
+    run_dir = row.get("run_dir")
+    if not run_dir:
+        return None
+    parts = Path(str(run_dir)).parts
+    return (parts[-2], parts[-1]) if len(parts) >= 2 else None
+
+
+def _failing(row: Mapping) -> bool:
+    return str(row.get("status", "")).lower() in _FAILING
+
+
+def read_run(run_dir: str | os.PathLike, reproduce_row: Mapping | None = None) -> RunInfo:
+    """The RunInfo of one run directory; `reproduce_row` is its row of reproduce.json, if any."""
+    run_dir = Path(run_dir)
+    missing: list[str] = []
+    loaded: dict[str, dict] = {}
+    params_record, params_ok = _read_json(run_dir / runs.PARAMS_FILE)
+    through_klear = (run_dir / runs.PARAMS_FILE).exists()  # `klear run` also writes notebook.ipynb
+    contract = runs.RUN_CONTRACT + ((runs.NOTEBOOK_FILE,) if through_klear else ())
+    notebook: Any = None
+    for name in contract:
+        path = run_dir / name
+        if name == runs.METRICS_FILE:  # can be large, and read_metrics tolerates a partial last line
+            if not path.is_file():
+                missing.append(name)
+            continue
+        content, ok = _read_json(path)
+        if not ok or not isinstance(content, dict):
+            missing.append(name)
+        elif name == runs.NOTEBOOK_FILE:
+            notebook = content
+        else:
+            loaded[name] = content
+    if through_klear and (not params_ok or not isinstance(params_record, dict)):
+        missing.append(runs.PARAMS_FILE)
+        params_record = {}
+    params_record = params_record if isinstance(params_record, dict) else {}
+    if notebook is None and not through_klear and (run_dir / runs.NOTEBOOK_FILE).is_file():
+        notebook, _ = _read_json(run_dir / runs.NOTEBOOK_FILE)  # a hand-made run with a notebook
+
+    params = params_record.get("params") if isinstance(params_record.get("params"), dict) else {}
+    config = loaded.get(runs.CONFIG_FILE, {})
+    summary = loaded.get(runs.SUMMARY_FILE, {})
+    error = _notebook_error(notebook) if isinstance(notebook, dict) else None
+    if error is not None:
+        status = "failed"
+    elif reproduce_row is not None and _failing(reproduce_row):
+        status = "failed"
+        error = str(reproduce_row.get("message") or f"klear reproduce: {reproduce_row.get('status')}")
+    else:
+        status = "incomplete" if missing else "ok"
+    preset = params_record.get("preset")
+    return RunInfo(
+        notebook=run_dir.parent.name,
+        run_dir=run_dir,
+        stamp=run_dir.name,
+        status=status,
+        error=error,
+        missing=missing,
+        preset=None if preset is None else str(preset),
+        params=params,
+        config=config,
+        git=loaded.get(runs.GIT_FILE, {}),
+        versions=loaded.get(runs.VERSIONS_FILE, {}),
+        summary=summary,
+        figures=_figures(run_dir, summary),
+        seeds=_seeds(params, config),
+    )
+
+
+def collect_runs(output_root: str | os.PathLike) -> list[RunInfo]:
+    """Every run directory ``<output_root>/<notebook>/<stamp>/``, sorted by (notebook, stamp).
+
+    Files (the report itself, reproduce.json, READMEs) and hidden or ``_``-prefixed folders are skipped.
+    A missing, truncated or non-JSON file never raises: it is named in the run's `missing`.
+    """
+    root = Path(output_root)
+    if not root.is_dir():
+        return []
+    rows = {_row_key(r): r for r in _reproduce_rows(root)}
+    found = []
+    for nb_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+        for run_dir in nb_dir.iterdir():
+            if run_dir.is_dir() and not run_dir.name.startswith((".", "_")):
+                found.append(read_run(run_dir, rows.get((nb_dir.name, run_dir.name))))
+    return sorted(found, key=lambda r: (r.notebook, _stamp_key(r.stamp)))
+
+
+def latest_runs(runs_: Iterable[RunInfo]) -> dict[str, RunInfo]:
+    """The newest run of each notebook (by stamp), keyed by notebook name in name order."""
+    latest: dict[str, RunInfo] = {}
+    for run in runs_:
+        held = latest.get(run.notebook)
+        if held is None or _stamp_key(run.stamp) > _stamp_key(held.stamp):
+            latest[run.notebook] = run
+    return dict(sorted(latest.items()))
+
+
+def read_reproduce_log(output_root: str | os.PathLike) -> dict | None:
+    """``<output_root>/reproduce.json`` as written by `klear reproduce`; None if absent (or unreadable, with
+    a warning). Its shape: ``{"preset", "started", "total_s", "rows": [{"notebook", "status", "seconds",
+    "run_dir", "message"}, ...]}``."""
+    path = Path(output_root) / REPRODUCE_FILE
+    if not path.exists():
+        return None
+    log, ok = _read_json(path)
+    if not ok or not isinstance(log, dict):
+        warnings.warn(f"{path}: not a readable JSON object; the report ignores it")
+        return None
+    if not isinstance(log.get("rows"), list):
+        log["rows"] = []
+    return log
+
+
+def beside_paper(summary: Mapping) -> pd.DataFrame | None:
+    """``summary["beside_paper"]`` (``{"caption", "columns", "rows", "note"?}``) as a DataFrame, or None.
+
+    The caption and note travel in ``df.attrs``; a null in a number column reads as NaN. A row whose length
+    differs from the columns' raises ValueError naming ``beside_paper.rows[i]``.
+    """
+    table = summary.get("beside_paper")
+    if table is None:
+        return None
+    if not isinstance(table, Mapping) or not isinstance(table.get("columns"), list):
+        raise ValueError("summary['beside_paper'] must be a dict with a 'columns' list and a 'rows' list")
+    columns, rows = table["columns"], table.get("rows") or []
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != len(columns):
+            n = len(row) if isinstance(row, list) else type(row).__name__
+            raise ValueError(
+                f"summary['beside_paper']: beside_paper.rows[{i}] has {n} values, "
+                f"beside_paper.columns has {len(columns)} ({', '.join(map(str, columns))})"
+            )
+    df = pd.DataFrame(rows, columns=columns)
+    df.attrs["caption"] = str(table.get("caption") or "")
+    df.attrs["note"] = str(table.get("note") or "")
+    return df
+
+
+# ----------------------------------------------------------------------------------------------------------
+# HTML pieces.
+
+_CSS = """
+body{max-width:1100px;margin:2em auto;padding:0 1em;font-family:system-ui,-apple-system,"Segoe UI",Helvetica,
+Arial,sans-serif;line-height:1.45;color:#222}
+h1{margin-bottom:.2em}h2{margin-top:0}h3{margin:1.2em 0 .4em;font-size:1.05em}
+section{border-top:2px solid #ccc;margin-top:2.5em;padding-top:1em}
+table{border-collapse:collapse;margin:.5em 0;font-size:.9em}
+th,td{border:1px solid #bbb;padding:.25em .55em;text-align:left;vertical-align:top}
+th{background:#f2f2f2}td.num{text-align:right;font-variant-numeric:tabular-nums}
+caption{caption-side:top;text-align:left;font-weight:600;padding-bottom:.3em}
+tr.row-failed td{background:#fdecea}tr.row-incomplete td{background:#fff6e0}
+.badge{display:inline-block;padding:.05em .5em;border-radius:.3em;font-size:.75em;font-weight:600;
+color:#fff;vertical-align:middle}
+.ok{background:#2e7d32}.failed{background:#c62828}.incomplete{background:#d98c00}
+.error{border:1px solid #c62828;background:#fdecea;color:#8e1c1c;padding:.5em .7em;white-space:pre-wrap;
+font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.85em;margin:.6em 0}
+.warn{border-left:4px solid #d98c00;padding-left:.6em}
+.meta,.note{color:#555;font-size:.9em}
+img{max-width:100%;height:auto}figure{margin:1em 0;break-inside:avoid}
+figcaption{color:#555;font-size:.85em}
+pre{white-space:pre-wrap;font-size:.8em;background:#f7f7f7;padding:.5em;border:1px solid #ddd}
+details{margin:.8em 0}summary{cursor:pointer;font-weight:600}
+@media print{body{max-width:none;margin:0}section{break-before:page}a{color:inherit;text-decoration:none}}
+"""
+
+_e = html.escape
+
+
+def _fmt(value: Any) -> str:
+    """A cell's text: numbers to 4 significant digits, NaN and null as "–", ints and text as they are."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "–"
+        return f"{value:.4g}"
+    try:
+        if pd.isna(value):  # numpy NaN, pd.NA, NaT
+            return "–"
+    except (TypeError, ValueError):
+        pass
+    if hasattr(value, "item") and not isinstance(value, str):  # numpy scalars
+        return _fmt(value.item())
+    return str(value)
+
+
+def _is_num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) or hasattr(value, "dtype")
+
+
+def _td(value: Any) -> str:
+    return f'<td class="num">{_e(_fmt(value))}</td>' if _is_num(value) else f"<td>{_e(_fmt(value))}</td>"
+
+
+def _badge(status: str) -> str:
+    return f'<span class="badge {_e(status)}">{_e(status)}</span>'
+
+
+def _table(header: Sequence[str] | None, rows: Iterable[Sequence[Any]], caption: str = "") -> str:
+    cap = f"<caption>{_e(caption)}</caption>" if caption else ""
+    head = "<thead><tr>" + "".join(f"<th>{_e(str(h))}</th>" for h in header) + "</tr></thead>" if header else ""
+    body = "".join("<tr>" + "".join(_td(v) for v in row) + "</tr>" for row in rows)
+    return f"<table>{cap}{head}<tbody>{body}</tbody></table>"
+
+
+def _flatten(d: Mapping, prefix: str = "") -> Iterable[tuple[str, Any]]:
+    """Summary scalars as ("a/b", value); short lists of scalars joined with ", "; other lists dropped."""
+    for key, value in d.items():
+        if not prefix and key in ("beside_paper", "figures"):
+            continue
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            yield from _flatten(value, name)
+        elif isinstance(value, list):
+            if len(value) <= 12 and all(v is None or isinstance(v, (str, int, float)) for v in value):
+                yield name, ", ".join(_fmt(v) for v in value)
+        else:
+            yield name, value
+
+
+def _data_uri(path: Path, mime: str) -> str:
+    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
+
+
+def _figure_html(path: Path, base: Path) -> str:
+    try:
+        shown = str(path.relative_to(base))
+    except ValueError:
+        shown = str(path)
+    mime = _IMAGE_TYPES.get(path.suffix.lower())
+    if not path.is_file():
+        return f'<p class="warn">figure listed in summary.json but missing: <code>{_e(shown)}</code></p>'
+    if mime is None:
+        return f'<p class="meta">figure not embedded (not an image type the page shows): <code>{_e(shown)}</code></p>'
+    return (f'<figure><img src="{_data_uri(path, mime)}" alt="{_e(path.name)}">'
+            f"<figcaption>{_e(shown)}</figcaption></figure>")
+
+
+def _beside_paper_html(summary: Mapping) -> str:
+    try:
+        df = beside_paper(summary)
+    except ValueError as err:
+        return f'<div class="error">{_e(str(err))}</div>'
+    if df is None:
+        return ""
+    out = ["<h3>Beside the paper</h3>",
+           _table([str(c) for c in df.columns], df.itertuples(index=False, name=None), df.attrs.get("caption", ""))]
+    if df.attrs.get("note"):
+        out.append(f'<p class="note">{_e(df.attrs["note"])}</p>')
+    return "\n".join(out)
+
+
+def _commit_text(git: Mapping, short: bool = False) -> str:
+    commit = str(git.get("commit") or "unknown")
+    commit = commit[:12] if short and re.fullmatch(r"[0-9a-f]{40}", commit) else commit
+    return commit + (" (dirty)" if git.get("dirty") else "")
+
+
+def _stamp_text(run: RunInfo) -> str:
+    return run.stamp or "(no run directory)"
+
+
+def run_section_html(run: RunInfo, older: Sequence[RunInfo] = ()) -> str:
+    """One ``<section>`` for a notebook: its newest `run` in full, the `older` runs as a list."""
+    nb = _e(run.notebook)
+    parts = [f'<section id="{nb}">', f"<h2>{nb} {_badge(run.status)}</h2>"]
+    meta = [f"run <code>{_e(_stamp_text(run))}</code>"]
+    if run.preset:
+        meta.append(f"preset <code>{_e(run.preset)}</code>")
+    if run.seeds:
+        meta.append(f"seeds {_e(', '.join(map(str, run.seeds)))}")
+    meta.append(f"<code>{_e(str(run.run_dir))}</code>")
+    parts.append(f'<p class="meta">{" · ".join(meta)}</p>')
+    if run.status == "failed":
+        parts.append(f'<div class="error">{_e(run.error or "failed")}</div>')
+    if run.missing and run.stamp:
+        what = "interrupted or still running" if run.status == "incomplete" else "files the run did not write"
+        parts.append(f'<p class="warn">Missing or unreadable ({what}): {_e(", ".join(run.missing))}</p>')
+
+    parts.append(_beside_paper_html(run.summary))
+    parts.extend(_figure_html(f, run.run_dir) for f in run.figures)
+
+    numbers = list(_flatten(run.summary))
+    if numbers:
+        parts.append("<h3>Summary numbers</h3>")
+        parts.append(_table(["key", "value"], numbers[:MAX_SUMMARY_ROWS]))
+        if len(numbers) > MAX_SUMMARY_ROWS:
+            parts.append(f'<p class="note">… and {len(numbers) - MAX_SUMMARY_ROWS} more in summary.json</p>')
+
+    if run.stamp:
+        facts = [("preset", run.preset), ("seeds", ", ".join(map(str, run.seeds)) or None),
+                 ("commit", _commit_text(run.git) if run.git else None), ("branch", run.git.get("branch")),
+                 ("run directory", str(run.run_dir))]
+        parts.append("<details><summary>Run details: preset, code, versions, config</summary>")
+        parts.append(_table(None, facts))
+        if run.params:
+            parts.append(_table(["parameter", "value"], sorted(run.params.items()), "notebook parameters"))
+        if run.versions:
+            parts.append(_table(["package", "version"], sorted(run.versions.items()), "versions"))
+        if run.config:
+            config_text = json.dumps(run.config, indent=2, sort_keys=True, default=str)
+            parts.append(f"<p class=\"meta\">config.json</p><pre>{_e(config_text)}</pre>")
+        parts.append("</details>")
+
+    if older:
+        parts.append("<h3>Older runs</h3><ul>")
+        for o in older:
+            err = f" — {_e(o.error)}" if o.error else ""
+            miss = f" (missing {_e(', '.join(o.missing))})" if o.status == "incomplete" and o.missing else ""
+            preset = f" [{_e(o.preset)}]" if o.preset else ""
+            parts.append(f"<li><code>{_e(_stamp_text(o))}</code>{preset} {_badge(o.status)}{err}{miss}</li>")
+        parts.append("</ul>")
+    parts.append("</section>")
+    return "\n".join(p for p in parts if p)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The page.
+
+
+def _wall_time_chart(rows: Sequence[Mapping]) -> str:
+    """A horizontal bar per reproduce.json row (seconds), coloured by status, as an embedded PNG."""
+    rows = [r for r in rows if isinstance(r.get("seconds"), (int, float))]
+    if not rows:
+        return ""
+    from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend and figures alone
+
+    colors = {"ok": "#2e7d32", "incomplete": "#d98c00"}
+    fig = Figure(figsize=(8, 0.45 * len(rows) + 1.0))
+    ax = fig.add_subplot()
+    names = [str(r["notebook"]) for r in rows][::-1]
+    secs = [float(r["seconds"]) for r in rows][::-1]
+    stat = [str(r.get("status", "")).lower() for r in rows][::-1]
+    ax.barh(names, secs, color=[colors.get(s, "#c62828") for s in stat])
+    for y, (s, st) in enumerate(zip(secs, stat)):
+        ax.text(s, y, f" {s:.0f} s" + ("" if st == "ok" else f" ({st})"), va="center", fontsize=8)
+    ax.set_xlabel("wall time (s)")
+    ax.set_xlim(0, max(secs) * 1.15 or 1)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    uri = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    return (f'<figure><img src="{uri}" alt="wall time per notebook">'
+            "<figcaption>wall time per notebook (klear reproduce)</figcaption></figure>")
+
+
+def _parse_time(text: Any) -> _dt.datetime | None:
+    """A naive local datetime from an ISO time or a run stamp; None if it is neither."""
+    if not isinstance(text, str):
+        return None
+    try:
+        t = _dt.datetime.fromisoformat(text)
+    except ValueError:
+        m = _STAMP.fullmatch(text)
+        return _dt.datetime.strptime(m[1], "%Y%m%d-%H%M%S") if m else None
+    return t.astimezone().replace(tzinfo=None) if t.tzinfo else t
+
+
+def _placeholder(row: Mapping, output_root: Path) -> RunInfo:
+    nb = str(row["notebook"])
+    return RunInfo(notebook=nb, run_dir=Path(str(row.get("run_dir") or output_root / nb)), stamp="",
+                   status="failed", error=str(row.get("message") or f"klear reproduce: {row.get('status')}"),
+                   missing=list(runs.RUN_CONTRACT))
+
+
+def render_report(
+    output_root: str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    title: str = "Klear reproduction report",
+    intro_html: str = "",
+) -> Path:
+    """Write the report (default ``<output_root>/report.html``, atomically) and return its path.
+
+    Sections follow notebook-name order, one per notebook: its newest run, older runs listed. A notebook that
+    reproduce.json reports as failed without a run directory appears as failed with the log's message (as
+    its newest run, unless a run directory is newer than the log). The 00_report notebook's own runs are left
+    out of the page.
+    """
+    root = Path(output_root)
+    out = Path(out) if out is not None else root / REPORT_FILE
+    all_runs = [r for r in collect_runs(root) if r.notebook != REPORT_NOTEBOOK]
+    log = read_reproduce_log(root)
+    rows = [r for r in _reproduce_rows(root) if r["notebook"] != REPORT_NOTEBOOK]
+    latest = latest_runs(all_runs)
+    by_nb: dict[str, list[RunInfo]] = {}
+    for run in all_runs:
+        by_nb.setdefault(run.notebook, []).append(run)
+
+    known = {(r.notebook, r.stamp) for r in all_runs}
+    log_time = _parse_time((log or {}).get("started"))
+    for row in rows:
+        if _row_key(row) in known or not _failing(row):
+            continue
+        ph, held = _placeholder(row, root), latest.get(str(row["notebook"]))
+        by_nb.setdefault(ph.notebook, []).append(ph)
+        held_time = _parse_time(held.stamp) if held else None
+        if held is None or log_time is None or held_time is None or held_time < log_time:
+            latest[ph.notebook] = ph
+    latest = dict(sorted(latest.items()))
+
+    seconds = {}
+    for row in rows:
+        held = latest.get(str(row["notebook"]))
+        if held is not None and (_row_key(row) == (held.notebook, held.stamp) or not held.stamp):
+            seconds[held.notebook] = row.get("seconds")
+
+    now = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    commits: dict[str, list[str]] = {}
+    for run in latest.values():
+        if run.git:
+            commits.setdefault(_commit_text(run.git, short=True), []).append(run.notebook)
+    commit_html = "; ".join(
+        f"<code>{_e(c)}</code>" + (f" ({_e(', '.join(nbs))})" if len(commits) > 1 else "")
+        for c, nbs in commits.items()
+    ) or "unknown"
+    head = [f"Generated {_e(now)} from <code>{_e(str(root.resolve()))}</code>.", f"Code: {commit_html}."]
+    if log:
+        total = log.get("total_s")
+        head.append(
+            f"Last <code>klear reproduce</code>: preset <code>{_e(str(log.get('preset')))}</code>, started "
+            f"{_e(str(log.get('started')))}" + (f", {_e(_fmt(total))} s in all" if _is_num(total) else "") + "."
+        )
+
+    counts = {s: sum(r.status == s for r in latest.values()) for s in ("ok", "failed", "incomplete")}
+    overview = ["<table><thead><tr><th>notebook</th><th>status</th><th>run</th><th>seconds</th><th>error</th>"
+                "</tr></thead><tbody>"]
+    for nb, run in latest.items():
+        err = run.error or (f"missing {', '.join(run.missing)}" if run.status == "incomplete" else "")
+        overview.append(
+            f'<tr class="row-{_e(run.status)}"><td><a href="#{_e(nb)}">{_e(nb)}</a></td><td>{_badge(run.status)}</td>'
+            f"<td><code>{_e(_stamp_text(run))}</code></td>{_td(seconds.get(nb))}<td>{_e(err)}</td></tr>"
+        )
+    overview.append("</tbody></table>")
+
+    body = [
+        f"<h1>{_e(title)}</h1>",
+        f'<p class="meta">{" ".join(head)}</p>',
+        intro_html,
+        "<h2>Overview</h2>",
+        f"<p>{len(latest)} notebooks: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) + ".</p>"
+        if latest else "<p>No run directories yet.</p>",
+        "".join(overview) if latest else "",
+        _wall_time_chart(rows),
+    ]
+    for nb, run in latest.items():
+        older = sorted((r for r in by_nb.get(nb, []) if r is not run), key=lambda r: _stamp_key(r.stamp),
+                       reverse=True)
+        body.append(run_section_html(run, older))
+    page = (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width,initial-scale=1">'
+            f"<title>{_e(title)}</title><style>{_CSS}</style></head>\n<body>\n"
+            + "\n".join(b for b in body if b) + "\n</body></html>\n")
+    _write_atomic(out, page)
+    return out
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temp file beside `path`, then rename it over `path` (a reader never sees half)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

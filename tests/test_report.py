@@ -1,0 +1,251 @@
+"""klear_lib.report: run statuses read from synthetic run directories, and the self-contained HTML page."""
+
+import base64
+import json
+import math
+import os
+import re
+
+import nbformat
+import pytest
+from matplotlib.figure import Figure
+
+from klear_lib import report, runs
+
+ANSI_EVALUE = "\x1b[0;31m'erc/ratio_p95'\x1b[0m"  # how IPython colours a KeyError's value
+
+
+def tiny_png(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = Figure(figsize=(1, 1))
+    fig.add_subplot().plot([0, 1], [1, 0])
+    fig.savefig(path, format="png", dpi=20)
+    return path
+
+
+def executed_notebook(path, error=None):
+    """A notebook as papermill leaves it: a parameters cell, a cell that ran, and (if `error`) a failing cell."""
+    nb = nbformat.v4.new_notebook()
+    ok = nbformat.v4.new_code_cell("x = 1", execution_count=1)
+    ok.outputs = [nbformat.v4.new_output("stream", name="stdout", text="fine\n")]
+    nb.cells = [nbformat.v4.new_markdown_cell("# title"), nbformat.v4.new_code_cell("seed = 0", execution_count=None),
+                ok]
+    if error:
+        ename, evalue = error
+        bad = nbformat.v4.new_code_cell("summary['erc/ratio_p95']", execution_count=3)
+        bad.outputs = [nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=["..."])]
+        nb.cells += [bad, nbformat.v4.new_code_cell("later()", execution_count=None)]
+    nbformat.write(nb, str(path))
+
+
+def make_run(root, notebook, stamp, *, params=None, config=None, summary=None, figure=True, error=None,
+             preset="tiny"):
+    """A run directory as `klear run` leaves it; summary=None leaves summary.json out (an interrupted run)."""
+    d = runs.create_run_dir(root, notebook, stamp=stamp)
+    record = {"notebook": notebook, "preset": preset, "params": params or {}, "run_dir": str(d)}
+    (d / runs.PARAMS_FILE).write_text(runs.to_json_text(record, indent=2))
+    runs.write_run_metadata(d, config or {"seed": 0, "lr": 1e-3})
+    with runs.MetricsWriter(d / runs.METRICS_FILE) as log:
+        log.write({"step": 1, "loss": 0.5})
+    executed_notebook(d / runs.NOTEBOOK_FILE, error)
+    if figure:
+        tiny_png(d / "figures" / "curve.png")
+    if summary is not None:
+        runs.write_summary(d, summary)
+    return d
+
+
+BESIDE = {
+    "caption": "Table 3 <GPPO> & co",
+    "columns": ["variant", "paper", "ours"],
+    "rows": [["ppo_clip", 0.512, 0.3], ["gppo", 0.55, None]],
+    "note": "ours: tiny preset, 3 seeds",
+}
+
+
+@pytest.fixture
+def outputs(tmp_path):
+    """Four notebooks: 01 with two ok runs, 02 failed, 03 interrupted, 00_report (the report's own runs)."""
+    root = tmp_path / "outputs"
+    make_run(root, "01_sft", "20250101-090000", summary={"score": 0.1}, params={"seeds": "0"})
+    make_run(root, "01_sft", "20250102-090000", params={"seeds": "0,1,2"},
+             summary={"score": 0.123456, "missing": None, "per_seed": {"s0": 12345.678}, "n": 2000,
+                      "beside_paper": BESIDE, "figures": ["figures/curve.png"]})
+    make_run(root, "02_rl", "20250102-100000", summary=None, error=("KeyError", ANSI_EVALUE))
+    make_run(root, "03_erc", "20250102-110000", summary=None)
+    make_run(root, "00_report", "20250102-120000", summary={"report": "made"})
+    (root / "README.md").write_text("not a run")
+    return root
+
+
+def by_nb(runs_list):
+    return {(r.notebook, r.stamp): r for r in runs_list}
+
+
+def test_statuses_errors_and_missing_files(outputs):
+    found = report.collect_runs(outputs)
+    assert [(r.notebook, r.stamp) for r in found] == [
+        ("00_report", "20250102-120000"), ("01_sft", "20250101-090000"), ("01_sft", "20250102-090000"),
+        ("02_rl", "20250102-100000"), ("03_erc", "20250102-110000")]
+    got = by_nb(found)
+    ok = got["01_sft", "20250102-090000"]
+    assert (ok.status, ok.error, ok.missing, ok.preset) == ("ok", None, [], "tiny")
+    assert ok.figures == [outputs / "01_sft" / "20250102-090000" / "figures" / "curve.png"]
+    assert ok.config == {"lr": 1e-3, "seed": 0} and ok.git["commit"] and "python" in ok.versions
+    failed = got["02_rl", "20250102-100000"]
+    assert failed.status == "failed"
+    assert failed.error == "KeyError: 'erc/ratio_p95' (cell 3)"  # ANSI colour stripped, execution count
+    assert failed.missing == ["summary.json"]
+    assert failed.figures == [outputs / "02_rl" / "20250102-100000" / "figures" / "curve.png"]  # globbed
+    interrupted = got["03_erc", "20250102-110000"]
+    assert (interrupted.status, interrupted.error, interrupted.missing) == ("incomplete", None, ["summary.json"])
+
+
+def test_error_in_a_raises_exception_cell_does_not_fail_the_run(tmp_path):
+    d = make_run(tmp_path, "01_sft", "20250101-090000", summary={"x": 1}, error=("ValueError", "on purpose"))
+    nb = nbformat.read(str(d / runs.NOTEBOOK_FILE), as_version=4)
+    nb.cells[3].metadata["tags"] = ["raises-exception"]
+    nbformat.write(nb, str(d / runs.NOTEBOOK_FILE))
+    assert report.collect_runs(tmp_path)[0].status == "ok"
+
+
+def test_long_error_value_is_shortened(tmp_path):
+    make_run(tmp_path, "02_rl", "20250101-090000", error=("RuntimeError", "x" * 2000 + "\nsecond line"))
+    error = report.collect_runs(tmp_path)[0].error
+    assert error.startswith("RuntimeError: xxx") and error.endswith("… (cell 3)")
+    assert len(error) <= report.MAX_ERROR_CHARS
+
+
+def test_truncated_and_missing_json_make_a_run_incomplete_not_a_crash(tmp_path):
+    d = make_run(tmp_path, "01_sft", "20250101-090000", summary={"score": 0.5})
+    text = (d / "summary.json").read_text()
+    (d / "summary.json").write_text(text[: len(text) // 2])
+    (d / "params.json").write_text('{"preset": "ti')
+    (d / "versions.json").unlink()
+    (run,) = report.collect_runs(tmp_path)
+    assert run.status == "incomplete"
+    assert run.missing == ["versions.json", "summary.json", "params.json"]
+    assert (run.summary, run.versions, run.preset) == ({}, {}, None)
+    out = report.render_report(tmp_path)  # and the page still renders
+    assert "summary.json" in out.read_text()
+
+
+def test_latest_runs_picks_the_newest_stamp(tmp_path):
+    for stamp in ("20250101-120000", "20250101-120000-2", "20250101-120000-10", "20241231-235959"):
+        make_run(tmp_path, "01_sft", stamp, summary={}, figure=False)
+    make_run(tmp_path, "02_rl", "20240101-000000", summary={}, figure=False)
+    found = report.collect_runs(tmp_path)
+    assert [r.stamp for r in found if r.notebook == "01_sft"] == [
+        "20241231-235959", "20250101-120000", "20250101-120000-2", "20250101-120000-10"]
+    latest = report.latest_runs(reversed(found))
+    assert list(latest) == ["01_sft", "02_rl"]
+    assert latest["01_sft"].stamp == "20250101-120000-10"
+
+
+@pytest.mark.parametrize(
+    "params, config, seeds",
+    [
+        ({"seeds": "0,1,2"}, {}, [0, 1, 2]),
+        ({}, {"seeds": [3, 4]}, [3, 4]),  # a list in the resolved config
+        ({"seed": 5}, {"seeds": [9]}, [5]),  # the notebook parameters win
+        ({}, {"seed": 7, "lr": 0.1}, [7]),
+        ({"lr": 0.1}, {"lr": 0.1}, []),
+    ],
+)
+def test_seeds_from_params_or_config(tmp_path, params, config, seeds):
+    make_run(tmp_path, "01_sft", "20250101-090000", params=params, config=config, summary={}, figure=False)
+    assert report.collect_runs(tmp_path)[0].seeds == seeds
+
+
+def test_beside_paper_round_trip_and_row_length_error():
+    df = report.beside_paper({"beside_paper": BESIDE})
+    assert list(df.columns) == BESIDE["columns"]
+    assert df.iloc[0].tolist() == ["ppo_clip", 0.512, 0.3]
+    assert df.iloc[1, :2].tolist() == ["gppo", 0.55] and math.isnan(df.iloc[1, 2])  # null in a number column
+    assert df.attrs == {"caption": BESIDE["caption"], "note": BESIDE["note"]}
+    assert report.beside_paper({"score": 1.0}) is None
+    bad = dict(BESIDE, rows=[["ppo_clip", 0.5, 0.3], ["gppo", 0.55]])
+    with pytest.raises(ValueError, match=r"beside_paper\.rows\[1\] has 2 values.*has 3"):
+        report.beside_paper({"beside_paper": bad})
+
+
+def test_report_page(outputs):
+    out = report.render_report(outputs, intro_html="<p id='intro'>hello</p>")
+    assert out == outputs / "report.html"
+    page = out.read_text(encoding="utf-8")
+    assert "<p id='intro'>hello</p>" in page
+    # the beside-paper table, escaped, caption above the table body and the note below it
+    assert "Table 3 &lt;GPPO&gt; &amp; co" in page and "<GPPO>" not in page
+    assert page.index("Table 3 &lt;GPPO&gt;") < page.index("ppo_clip") < page.index("ours: tiny preset")
+    # numbers to 4 significant digits, null as a dash, ints as they are, nested keys flattened with "/"
+    assert ">0.1235<" in page and ">1.235e+04<" in page and ">2000<" in page and ">0.512<" in page
+    assert re.search(r"<td>missing</td><td>–</td>", page) and "per_seed/s0" in page
+    # the figure, embedded byte for byte
+    png = (outputs / "01_sft" / "20250102-090000" / "figures" / "curve.png").read_bytes()
+    uris = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert png in [base64.b64decode(u) for u in uris]
+    # the failed run's error, escaped, and the interrupted run's missing file
+    assert "KeyError: &#x27;erc/ratio_p95&#x27; (cell 3)" in page
+    assert 'class="row-failed"' in page and "missing summary.json" in page
+    # sections in notebook order, the older run listed, the report's own runs nowhere
+    assert page.index('id="01_sft"') < page.index('id="02_rl"') < page.index('id="03_erc"')
+    assert "20250101-090000" in page[page.index("Older runs"):]
+    assert "00_report" not in page and "made" not in page
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+    # written atomically: no temp file left beside it
+    assert sorted(p.name for p in outputs.iterdir() if p.is_file()) == ["README.md", "report.html"]
+
+
+def test_reproduce_log_rows(outputs):
+    ok_dir = outputs / "01_sft" / "20250102-090000"
+    log = {
+        "preset": "tiny", "started": "2025-01-03T08:00:00+0000", "total_s": 99.0,
+        "rows": [
+            {"notebook": "01_sft", "status": "ok", "seconds": 12.5, "run_dir": str(ok_dir), "message": ""},
+            {"notebook": "03_erc", "status": "FAILED", "seconds": 3.0,
+             "run_dir": str(outputs / "03_erc" / "20250102-110000"), "message": "kernel died"},
+            {"notebook": "05_code", "status": "ERROR", "seconds": 0.1, "run_dir": None,
+             "message": "no preset 'tiny' for 05_code <x>"},
+        ],
+    }
+    (outputs / "reproduce.json").write_text(json.dumps(log))
+    assert report.read_reproduce_log(outputs) == log
+    got = by_nb(report.collect_runs(outputs))
+    assert got["01_sft", "20250102-090000"].status == "ok"
+    assert (got["03_erc", "20250102-110000"].status, got["03_erc", "20250102-110000"].error) == (
+        "failed", "kernel died")  # the notebook holds no error output, but reproduce.json says it failed
+    page = report.render_report(outputs).read_text(encoding="utf-8")
+    assert 'id="05_code"' in page and "no preset &#x27;tiny&#x27; for 05_code &lt;x&gt;" in page
+    row_05 = re.search(r'<tr class="row-(\w+)"><td><a href="#05_code">', page)
+    assert row_05 and row_05[1] == "failed"
+    assert '<td class="num">12.5</td>' in page  # the seconds of 01_sft's latest run
+    assert 'alt="wall time per notebook"' in page
+
+
+def test_no_reproduce_log_and_unreadable_one(outputs):
+    assert report.read_reproduce_log(outputs) is None
+    (outputs / "reproduce.json").write_text('{"rows": [')
+    with pytest.warns(UserWarning, match="reproduce.json"):
+        assert report.read_reproduce_log(outputs) is None
+
+
+def test_failed_write_leaves_the_old_report_and_no_temp_file(outputs, monkeypatch):
+    out = report.render_report(outputs, outputs / "sub" / "r.html")
+    before = out.read_text(encoding="utf-8")
+
+    def boom(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        report.render_report(outputs, out, title="second")
+    assert out.read_text(encoding="utf-8") == before
+    assert [p.name for p in out.parent.iterdir()] == ["r.html"]
+
+
+def test_section_of_a_failed_run_shows_the_error_in_a_box(outputs):
+    got = by_nb(report.collect_runs(outputs))
+    html = report.run_section_html(got["02_rl", "20250102-100000"])
+    assert html.startswith('<section id="02_rl">') and html.endswith("</section>")
+    assert '<div class="error">KeyError: &#x27;erc/ratio_p95&#x27; (cell 3)</div>' in html
+    assert '<span class="badge failed">failed</span>' in html
