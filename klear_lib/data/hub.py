@@ -31,15 +31,18 @@ what was expected and what was found, e.g.::
 An empty dataset is an error as well, so is a filter (``ability=``) that keeps nothing.
 
 Writers. ``write_jsonl`` and one row builder per schema (``klear_rl_row``, ``openr1_row``, ``messages_row``,
-``aime_row``, ``hmmt_row``) produce rows in the real schemas, so tests and notebooks write their own small
+``aime_row``, ``hmmt_row``, ``lcb_row``) produce rows in the real schemas, so tests and notebooks write their own small
 fixtures instead of shipping downloaded data. ``sft_sample_to_chat`` turns a sample into the
 prompt/completion conversational format that ``klear_lib.train.sft.run_sft`` trains on.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import pickle
 import re
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -51,7 +54,8 @@ __all__ = [
     "SchemaError", "RLRecord", "SFTSample", "EvalProblem",
     "load_klear_rl", "load_openr1", "load_chat", "load_columns", "SFT_FAMILIES", "load_sft_source",
     "load_eval_problems",
-    "write_jsonl", "klear_rl_row", "openr1_row", "messages_row", "aime_row", "hmmt_row", "sft_sample_to_chat",
+    "write_jsonl", "klear_rl_row", "openr1_row", "messages_row", "aime_row", "hmmt_row", "lcb_row",
+    "sft_sample_to_chat",
 ]
 
 JSON_SUFFIXES = (".jsonl", ".json")
@@ -587,6 +591,27 @@ def hmmt_row(id: int | str, problem: str, answer: str, *, solution: str | None =
     ``solution`` (defaults to the answer) and ``answer``; no ``meta``."""
     return {"id": id, "messages": [{"role": "user", "content": problem + instruction}],
             "solution": answer if solution is None else solution, "answer": answer}
+
+
+def lcb_row(question_id: str, question_content: str, contest_date: str, tests: list[dict], *,
+            n_public: int = 1, starter_code: str = "", func_name: str | None = None, platform: str = "atcoder",
+            difficulty: str = "easy", title: str = "", contest_id: str = "", compress_private: bool = False) -> dict:
+    """A LiveCodeBench ``code_generation_lite`` row (the columns of its ``test*.jsonl`` files).
+
+    ``tests`` are LiveCodeBench tests ``{"input", "output", "testtype": "stdin" | "functional"}``; the first
+    ``n_public`` go to ``public_test_cases``, the rest to ``private_test_cases``, each a JSON string. With
+    ``compress_private`` the private tests are stored as the hub files store them: base64 of zlib-compressed
+    pickle of that JSON string. ``func_name`` goes into ``metadata`` (a JSON string), as for LeetCode rows.
+    """
+    private = json.dumps(tests[n_public:])
+    if compress_private:
+        private = base64.b64encode(zlib.compress(pickle.dumps(private))).decode("ascii")
+    return {
+        "question_title": title or question_id, "question_content": question_content, "platform": platform,
+        "question_id": question_id, "contest_id": contest_id or question_id, "contest_date": contest_date,
+        "starter_code": starter_code, "difficulty": difficulty, "public_test_cases": json.dumps(tests[:n_public]),
+        "private_test_cases": private, "metadata": json.dumps({"func_name": func_name} if func_name else {}),
+    }
 
 
 def sft_sample_to_chat(sample: SFTSample | dict) -> dict:
