@@ -3,7 +3,9 @@
     klear list
     klear run 03_rl_clip_variants --preset tiny -p seed=2 -p lr=1e-4
     klear prepare 03 --preset smoke --out build/nb/03.ipynb      # inject parameters, don't execute (nbval)
-    klear reproduce --preset tiny                                 # every notebook that has params/<nb>/tiny.yaml
+    klear reproduce --preset tiny                                 # every notebook that has params/<nb>/tiny.yaml,
+                                                                  # then the report
+    klear report                                                  # outputs/report.html from every run under outputs/
 
 A preset is ``params/<notebook>/<preset>.yaml``: a flat mapping of the notebook's parameters. ``-p key=value``
 overrides one; the value is read as YAML (``-p seed=2`` is an int, ``-p lr=1e-4`` a float, ``-p name=abc``
@@ -378,34 +380,89 @@ def _cmd_prepare(args: argparse.Namespace, layout: Layout) -> int:
     return 0
 
 
+REPORT_PREFIX = "00_"  # notebooks named 00_* gather the others' runs: reproduce runs them last, as the report
+REPRODUCE_LOG = "reproduce.json"
+
+
+def _write_reproduce_log(layout: Layout, log: dict) -> None:
+    """outputs/reproduce.json, rewritten after every notebook (a crash of reproduce itself keeps what ran)."""
+    layout.output_root.mkdir(parents=True, exist_ok=True)
+    path = layout.output_root / REPRODUCE_LOG
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(runs.to_json_text(log, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def make_report(layout: Layout, preset: str = "tiny", *, progress_bar: bool = True) -> pathlib.Path:
+    """Write ``<output root>/report.html`` from every run directory under the output root.
+
+    Through the ``00_report`` notebook when the notebooks folder has one with this preset (its executed copy
+    lands in its own run directory); directly through ``klear_lib.report`` otherwise, or if that notebook fails.
+    """
+    from klear_lib import report
+
+    out = layout.output_root / "report.html"
+    nb = next((p for p in list_notebooks(layout.notebooks_dir) if p.stem.startswith(REPORT_PREFIX)), None)
+    if nb is not None and (layout.params_dir / nb.stem / f"{preset}.yaml").is_file():
+        try:
+            run_notebook(str(nb), preset, {"output_root": str(layout.output_root), "report_path": str(out)},
+                         layout=layout, progress_bar=progress_bar)
+        except NotebookFailed as err:
+            print(f"klear: {err}\nklear: writing the report without the notebook", file=sys.stderr)
+        else:
+            if out.is_file():
+                return out
+    return report.render_report(layout.output_root, out)
+
+
+def _cmd_report(args: argparse.Namespace, layout: Layout) -> int:
+    print(make_report(layout, args.preset))
+    return 0
+
+
 def _cmd_reproduce(args: argparse.Namespace, layout: Layout) -> int:
+    clock = time.monotonic()
     rows = []  # (notebook, status, seconds, run dir or message)
+    log = {"preset": args.preset, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "total_s": 0.0, "rows": []}
     for nb in list_notebooks(layout.notebooks_dir):
-        if not (layout.params_dir / nb.stem / f"{args.preset}.yaml").is_file():
+        if nb.stem.startswith(REPORT_PREFIX) or not (layout.params_dir / nb.stem / f"{args.preset}.yaml").is_file():
             continue
         print(f"== {nb.stem} ({args.preset})", file=sys.stderr, flush=True)
         start = time.monotonic()
+        message = ""
         try:
             run_dir = run_notebook(str(nb), args.preset, layout=layout)
         except NotebookFailed as err:
             print(f"klear: {err}", file=sys.stderr)
-            rows.append((nb.stem, "FAILED", time.monotonic() - start, str(err.output.parent)))
+            status, where, message = "FAILED", str(err.output.parent), str(err).split("\n")[0]
         except KlearError as err:
             print(f"klear: error: {err}", file=sys.stderr)
-            rows.append((nb.stem, "ERROR", time.monotonic() - start, str(err)))
+            status, where, message = "ERROR", "", str(err)
         else:
-            status = "ok" if not _report_contract(run_dir) else "incomplete"
-            rows.append((nb.stem, status, time.monotonic() - start, str(run_dir)))
+            missing = _report_contract(run_dir)
+            status, where = ("ok" if not missing else "incomplete"), str(run_dir)
+            message = f"missing {', '.join(missing)}" if missing else ""
+        rows.append((nb.stem, status, time.monotonic() - start, where or message))
+        log["rows"].append({"notebook": nb.stem, "status": status, "seconds": round(rows[-1][2], 1),
+                            "run_dir": where, "message": message})
+        log["total_s"] = round(time.monotonic() - clock, 1)
+        _write_reproduce_log(layout, log)
     if not rows:
         print(f"no notebook in {layout.notebooks_dir} has a {args.preset!r} preset in {layout.params_dir}")
         return 1
+    print("== report", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    report_path = make_report(layout, args.preset)
+    rows.append(("report", "ok", time.monotonic() - start, str(report_path)))
     width = max(len(r[0]) for r in rows)
     print(f"{'notebook':<{width}}  {'status':<10}  {'time':>7}  run directory")
     for name, status, seconds, where in rows:
         print(f"{name:<{width}}  {status:<10}  {seconds:>6.1f}s  {where}")
+    total = time.monotonic() - clock
+    print(f"total: {total:.0f}s ({total / 60:.1f} min); report: {report_path}")
     failed = [r[0] for r in rows if r[1] in ("FAILED", "ERROR")]
     if failed:
-        print(f"klear: {len(failed)} of {len(rows)} notebooks failed: {', '.join(failed)}", file=sys.stderr)
+        print(f"klear: {len(failed)} of {len(rows) - 1} notebooks failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
 
@@ -439,6 +496,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="tiny", help="default: tiny")
     p.add_argument("--output-root", help="default: outputs")
     p.set_defaults(func=_cmd_reproduce)
+    p = sub.add_parser("report", parents=[dirs], help="gather every run under the output root into report.html")
+    p.add_argument("--preset", default="tiny", help="preset of the 00_report notebook (default: tiny)")
+    p.add_argument("--output-root", help="default: outputs")
+    p.set_defaults(func=_cmd_report)
     return parser
 
 

@@ -169,12 +169,23 @@ fig = plots.plot_points(df, "subset", ["eval/avg_at_n", levels_[0], levels_[-1]]
 table = plots.seed_summary(df, "eval/avg_at_n", by=["subset", "mode"])
 table["samples"] = df.groupby(["subset", "mode"], sort=False)["samples"].first()
 display(table.style.format({c: "{:.3f}" for c in ("mean", "std", "min", "max")}))
+PAPER_FILTER = {"easy": (45.00, 40.22), "hard": (45.63, 47.29), "all": (44.58, 42.92)}  # AIME24 (%), reference §6
 wide = table["mean"].unstack("mode")
 display(wide.style.format("{:.3f}"))
 runs.write_summary(run_path, {
     "base_avg_at_n": base_eval["avg_at_n"],
     "results": {f"{s}/{m}": v for (s, m), v in table.to_dict(orient="index").items()},
     "figures": ["figures/accuracy_filtering.png"],
+    "beside_paper": {
+        "caption": "Only-True vs Mixed SFT data by difficulty: the paper's AIME24 (%, 7B) beside ours (test avg@n %)",
+        "columns": ["subset", "paper Only-True", "paper Mixed", "ours Only-True", "ours Mixed", "ours std (OT / Mixed)"],
+        "rows": [[s, *PAPER_FILTER.get(s, (None, None)),
+                  *(round(100 * table.loc[(s, m), "mean"], 2) for m in ("only_true", "mixed")),
+                  " / ".join(f"{100 * table.loc[(s, m), 'std']:.2f}" for m in ("only_true", "mixed"))]
+                 for s in subset_list],
+        "note": "The paper: filter incorrect traces on easy problems, keep them on hard ones. Subset `all` sits "
+                "beside the paper's Overall.",
+    },
 })"""),
     md(r"""## Beside the paper
 | | paper AIME24, Only-True vs Mixed | this notebook (tiny task, test avg@n) |

@@ -127,10 +127,23 @@ fig = plots.plot_curves(df, ["eval/avg_at_n", "reward", "entropy", "actor/pg_cli
                         out=run_path / "figures" / "clip_variants.png", title="RL clip variants (mean ± std over seeds)")"""),
     code(r"""table = plots.final_table(df)
 display(table.style.format("{:.4f}"))
+PAPER_ROLE = {"ppo_clip": "DAPO clip-higher (ε 0.2/0.28): below GPPO", "gppo": "GPPO β 1: best",
+              "cispo": "CISPO: keeps gradients, clips every weight", "gppo_beta_low_0.5": "CE-GPPO β_l 0.5: entropy higher"}
 summary = {
     "sft_start_avg_at_n": start["avg_at_n"],
     "variants": json.loads(table.to_json(orient="index")),
     "figures": ["figures/clip_variants.png"],
+    "beside_paper": {
+        "caption": "Clip variants: what the paper reports for each (Klear-Reasoner, Fig. 3) beside ours (held-out "
+                   "avg@n %, final and change over RL)",
+        "columns": ["variant", "paper", "ours start", "ours final", "ours final std", "ours change (min over seeds)",
+                    "seeds"],
+        "rows": [[v, PAPER_ROLE.get(v, ""), round(100 * r["start"], 2), round(100 * r["final"], 2),
+                  round(100 * r["final_std"], 2), f"{100 * r['delta']:+.2f} ({100 * r['delta_min']:+.2f})",
+                  int(r["seeds"])] for v, r in table.iterrows()],
+        "note": "The paper: GPPO above DAPO's clip-higher on AIME and LCB across training. Read the spread before "
+                "reading an ordering into the means.",
+    },
 }
 runs.write_summary(run_path, summary)"""),
     md(r"""## Beside the paper
