@@ -8,6 +8,7 @@ PRESET ?= tiny
 export PYTHONUNBUFFERED := 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+export KLEAR_REQUIRE_VERL := 1
 
 .PHONY: reproduce test lab setup notebooks bench clean-venv
 
@@ -20,7 +21,10 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,lab]'
+	$(PY) -m pip install -q -e '.[test,lab,verl-test]'
+	@# verl's policy-loss code for tests/test_verl.py, without its hydra dependency (it clashes with math-verify's
+	@# antlr build and breaks every pytest run through hydra's pytest plugin).
+	$(PY) -m pip install -q --no-deps verl==0.9.1
 	@# torchvision/torchaudio/torchcodec next to the CPU torch break `import transformers`: never keep them.
 	@$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	@touch $@
