@@ -149,6 +149,15 @@ class RLExperimentConfig(TaskModelConfig):
     """Rollout top-p (Klear 1.0)."""
     use_vllm: bool = False
     """Generate rollouts with vLLM (GPU presets)."""
+    vllm_mode: str = "colocate"
+    """TRL's vLLM mode: ``colocate`` (vLLM inside the training process, one GPU) or ``server`` (a separate
+    ``trl vllm-serve`` process; multi-GPU runs, docs/scale.md)."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """Share of GPU memory vLLM may take in colocate mode (TRL's default)."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in the backward pass (TRL's default; long responses need it on GPUs)."""
+    save_steps: int = 0
+    """Save a checkpoint every this many optimizer steps (0: none; long GPU runs)."""
     use_cpu: bool = True
     """Train on the CPU even where a GPU is present."""
     bf16: bool = False
@@ -171,6 +180,10 @@ class RLExperimentConfig(TaskModelConfig):
                 f"rollout_prompts ({self.rollout_prompts}) must be a multiple of mini_batch_prompts "
                 f"({self.mini_batch_prompts})"
             )
+        if self.vllm_mode not in ("colocate", "server"):
+            raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {self.vllm_mode!r}")
+        if not 0 < self.vllm_gpu_memory_utilization < 1:
+            raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1), got {self.vllm_gpu_memory_utilization!r}")
         self.klear_loss  # validates the loss name and the clip/ERC values early
 
     @property

@@ -222,3 +222,14 @@ def test_hooked_ppo_loss_gives_the_klear_erc_loss_the_entropies(monkeypatch):
     # verl's own losses go through the hook untouched
     cfg = actor_config(calculate_entropy=True, entropy_coeff=0.0)
     torch.testing.assert_close(hooked(cfg, out, data)[0], vl.ppo_loss(cfg, out, data)[0])
+
+
+def test_verl_reward_function_judges_math_and_code():
+    from klear_lib.integrations.verl_reward import compute_score
+
+    assert compute_score("math_longcot_math_verify", "<think>x</think> \\boxed{12}", "12") == 1.0
+    assert compute_score("math_longcot_math_verify", "<think>x</think> \\boxed{13}", "12") == -1.0
+    assert compute_score("math_longcot_math_verify", "no think at all \\boxed{12}", "12") == -0.5  # released rule
+    tests = json.dumps([{"input": "2\n", "output": "4\n"}, {"input": "5\n", "output": "10\n"}])
+    half = "<think>x</think>```python\nn = int(input())\nprint(4 if n == 2 else 0)\n```"
+    assert compute_score("coder1_longcot", half, tests) == 0.5  # soft: the fraction of tests passed

@@ -283,7 +283,8 @@ def _messages(record: dict, field: str, ds: str, row: int, *, role_key: str = "r
 # ---------------------------------------------------------------------------------------------------------
 # 1. Klear RL records
 # ---------------------------------------------------------------------------------------------------------
-def _is_code(data_source: str, ability: str) -> bool:
+def is_code_record(data_source: str, ability: str) -> bool:
+    """Whether a Klear RL record is a coding problem (by its data source, else its ability)."""
     return data_source.removesuffix("_longcot") in CODE_DATA_SOURCES or ability.lower() in CODE_ABILITIES
 
 
@@ -326,7 +327,7 @@ def load_klear_rl(name_or_path: str | Path, *, split: str = "train", ability: st
         row_ability = _field(row, "ability", str, ds, i)
         truth = _field(row, "reward_model.ground_truth", str, ds, i)
         _field(row, "reward_model.style", str, ds, i)
-        if _is_code(data_source, row_ability):
+        if is_code_record(data_source, row_ability):
             truth = _parse_tests(truth, ds, i)
         records.append(RLRecord(data_source, prompt, row_ability, truth, i))
     if ability is not None:

@@ -28,6 +28,7 @@ TRL internals overridden (pinned to ``TRL_VERSION``; ``tests/test_trl_contract.p
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 import time
 import warnings
@@ -308,14 +309,15 @@ def correctness_reward(completions, answer, **kwargs) -> list[float]:
 
 
 def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None, output_dir=None, progress=print,
-           rows=None, reward_funcs=None, evaluate=None):
+           rows=None, reward_funcs=None, evaluate=None, save_dir=None):
     """RL from ``model`` (the SFT start) with ``cfg`` (an ``RLExperimentConfig``); returns (model, eval history).
 
     The task is the tiny arithmetic one unless the caller passes its own: ``rows`` (dataset rows with a
     ``prompt`` and the columns its reward functions read), ``reward_funcs`` (TRL reward functions) and
     ``evaluate`` (model -> ``{"avg_at_n": float, "n": int, ...}``). Metrics go to ``writer`` (a
     ``runs.MetricsWriter``), one record per optimizer step and per evaluation. The caller sets the seed
-    (``runs.set_seed``) before building the model.
+    (``runs.set_seed``) before building the model. ``save_dir``: save the final model there through the trainer
+    (every process calls it, as sharded ZeRO-3/FSDP weights need).
     """
     tags = dict(tags or {})
     if rows is None:
@@ -351,13 +353,17 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         epsilon=cfg.clip_low,  # unused by our loss; set so TRL's own logs agree
         epsilon_high=cfg.clip_high,
         use_vllm=cfg.use_vllm,
+        vllm_mode=cfg.vllm_mode,
+        vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        gradient_checkpointing=cfg.gradient_checkpointing,
         vllm_importance_sampling_correction=False,  # see KlearGRPOTrainer.__init__
         use_cpu=cfg.use_cpu,
         bf16=cfg.bf16,
         seed=cfg.seed,
         data_seed=cfg.seed,
         logging_steps=1,
-        save_strategy="no",
+        save_strategy="steps" if cfg.save_steps else "no",
+        save_steps=cfg.save_steps or 500,
         report_to="none",
         disable_tqdm=True,
     )
@@ -372,5 +378,16 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         callbacks=[MetricsCallback(writer, upr, tags), eval_cb],
     )
     trainer.remove_callback(PrinterCallback)  # one progress line per evaluation instead of a dict per step
-    trainer.train()
+    trainer.train(resume_from_checkpoint=_last_checkpoint(args.output_dir) if cfg.save_steps else None)
+    if save_dir is not None:
+        trainer.save_model(str(save_dir))
+        if trainer.accelerator.is_main_process:
+            tokenizer.save_pretrained(str(save_dir))
     return trainer.model, eval_cb.history
+
+
+def _last_checkpoint(output_dir: str) -> str | None:
+    """The newest ``checkpoint-N`` folder in ``output_dir`` (an interrupted run resumes there), or None."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None

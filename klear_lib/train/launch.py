@@ -1,0 +1,173 @@
+"""RL from a config file, for runs too big for a notebook: one GPU, many GPUs (accelerate), one command.
+
+    python -m klear_lib.train.launch --config configs/rl/gpu_1x.yaml --out outputs/rl/gpu_1x
+    accelerate launch --config_file configs/accelerate/zero3.yaml -m klear_lib.train.launch \\
+        --config configs/rl/paper_math.yaml --out outputs/rl/paper_math -p rl_lr=5e-7
+
+The config is a flat YAML mapping: the keys of ``klear_lib.config.RLExperimentConfig`` plus the launch keys of
+``LaunchConfig`` (what to train on). ``-p key=value`` overrides one (read as YAML). The run starts from
+``model`` (an SFT checkpoint: Klear's RL starts from its long-CoT SFT model) and writes a run directory to
+``--out`` (config, versions, commit, metrics, summary; the final model under ``model/``); every process of a
+multi-GPU run computes, only the main one writes. With ``save_steps`` > 0, an interrupted run started again
+with the same ``--out`` resumes from its last checkpoint.
+
+Data (``data``): ``tiny`` (the synthetic arithmetic task, judged by exact match), or Klear's RL records from the
+hub or a local file (``hub.load_klear_rl``; MathSub-30K judged by math-verify, CodeSub-15K by the sandboxed
+tests, both through ``RewardPool`` worker processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from klear_lib import models, runs
+from klear_lib.config import RLExperimentConfig, from_dict
+
+
+@dataclass
+class LaunchConfig:
+    """What a launched run trains on (the rest is ``RLExperimentConfig``)."""
+
+    data: str = "tiny"
+    """``tiny``, or a hub name / local path of Klear RL records (``Kwai-Klear/...``, a jsonl or parquet file)."""
+    split: str = "train"
+    """Dataset split of ``data``."""
+    ability: str = "math"
+    """Which records to keep and how to judge them: ``math`` (math-verify) or ``code`` (sandboxed tests)."""
+    max_prompts: int = 0
+    """Keep the first this many prompts (0: all)."""
+    reward_workers: int = 8
+    """Grader processes (Klear: 10 for code)."""
+    completion_prefix: str = ""
+    """Text put before each completion when judging, e.g. ``<think>`` when the chat template opens it."""
+
+
+def load_config(path: str | os.PathLike, overrides: dict) -> tuple[RLExperimentConfig, LaunchConfig]:
+    """Split the flat mapping into the two configs; an unknown key names the file and the valid keys."""
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a flat mapping of keys to values")
+    raw.update(overrides)
+    launch_keys = {f.name for f in dataclasses.fields(LaunchConfig)}
+    rl_keys = {f.name for f in dataclasses.fields(RLExperimentConfig)}
+    unknown = sorted(set(raw) - launch_keys - rl_keys)
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {unknown}; valid: {sorted(launch_keys | rl_keys)}")
+    launch = from_dict(LaunchConfig, {k: v for k, v in raw.items() if k in launch_keys}, where=str(path))
+    rl = from_dict(RLExperimentConfig, {k: v for k, v in raw.items() if k in rl_keys}, where=str(path))
+    if launch.ability not in ("math", "code"):
+        raise ValueError(f"{path}: ability must be 'math' or 'code', got {launch.ability!r}")
+    return rl, launch
+
+
+class _NullWriter:
+    """The metrics writer of the processes that are not the main one."""
+
+    def write(self, record) -> None:
+        pass
+
+
+def _is_main() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _klear_rows(launch: LaunchConfig):
+    """Dataset rows, reward functions and the pool to close, from Klear's RL records."""
+    from klear_lib.data.hub import load_klear_rl
+    from klear_lib.rewards.pool import RewardPool, make_trl_reward_func
+
+    records = load_klear_rl(launch.data, split=launch.split, ability=launch.ability)
+    if launch.max_prompts:
+        records = records[: launch.max_prompts]
+    if launch.ability == "math":
+        from klear_lib.rewards.math import score_math
+
+        rows = [{"prompt": r.prompt, "gold": r.ground_truth} for r in records]
+        pool = RewardPool(score_math, workers=launch.reward_workers, timeout_s=10.0, group_key="gold")
+        reward = make_trl_reward_func(pool, {"gold": "gold"}, "math", completion_prefix=launch.completion_prefix)
+    else:
+        from klear_lib.rewards.code import score_code
+
+        rows = [{"prompt": r.prompt, "tests": r.ground_truth} for r in records]
+        pool = RewardPool(score_code, workers=launch.reward_workers, timeout_s=120.0)
+        reward = make_trl_reward_func(pool, {"tests": "tests"}, "code", completion_prefix=launch.completion_prefix,
+                                      score_kwargs={"mode": "soft"})
+    return rows, [reward], pool
+
+
+def launch(cfg: RLExperimentConfig, launch_cfg: LaunchConfig, out: str | os.PathLike) -> Path:
+    """Run RL as configured into the run directory ``out``; returns it."""
+    from klear_lib.data import tasks
+    from klear_lib.train.rl import run_rl
+
+    if not cfg.model:
+        raise ValueError("model: set it to the SFT checkpoint RL starts from (a folder or hub name), e.g. "
+                         "-p model=/path/to/sft")
+    if cfg.model == "tiny":
+        raise ValueError("model: launch starts RL from a saved SFT model (a path or hub name), not 'tiny'; the tiny "
+                         "SFT stage lives in the notebooks (train.sft.arithmetic_warm_start)")
+    out = Path(out)
+    main = _is_main()
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        runs.write_run_metadata(out, {"rl": cfg, "launch": launch_cfg,
+                                      "world_size": int(os.environ.get("WORLD_SIZE", 1))})
+    runs.set_seed(cfg.seed)
+    model, tokenizer = models.load_model_and_tokenizer(cfg.model, dtype="auto")
+    train = heldout = []
+    rows = reward_funcs = evaluate = pool = None
+    if launch_cfg.data == "tiny":
+        train, heldout = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, cfg.level_list)
+    else:
+        rows, reward_funcs, pool = _klear_rows(launch_cfg)
+        evaluate = lambda m: {"avg_at_n": math.nan, "n": 0}  # noqa: E731  (benchmarks: notebook 07, with vLLM)
+    metrics_path = out / runs.METRICS_FILE
+    writer = runs.MetricsWriter(metrics_path) if main else _NullWriter()
+    try:
+        _, history = run_rl(cfg, model, tokenizer, train, heldout, writer, tags={"variant": cfg.loss},
+                            output_dir=str(out / "checkpoints"), rows=rows, reward_funcs=reward_funcs,
+                            evaluate=evaluate, save_dir=out / "model",
+                            progress=print if main else (lambda *_: None))
+    finally:
+        if main:
+            writer.close()
+        if pool is not None:
+            pool.close()
+    if main:
+        last = history[-1] if history else {}
+        runs.write_summary(out, {"final": {k: v for k, v in last.items() if k.startswith("eval/")},
+                                 "model": str(out / "model")})
+    return out
+
+
+def main(argv=None) -> int:
+    from klear_lib.cli import parse_overrides
+
+    ap = argparse.ArgumentParser(prog="python -m klear_lib.train.launch", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True, help="flat YAML: RLExperimentConfig keys + LaunchConfig keys")
+    ap.add_argument("--out", required=True, help="the run directory (the same on every node)")
+    ap.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE", help="override one key")
+    args = ap.parse_args(argv)
+    try:
+        cfg, launch_cfg = load_config(args.config, parse_overrides(args.param))
+    except ValueError as err:
+        print(f"launch: error: {err}", file=sys.stderr)
+        return 2
+    try:
+        print(launch(cfg, launch_cfg, args.out))
+    except ValueError as err:
+        print(f"launch: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Klear's math RL stage on verl + Ray with GPPO / GPPO+ERC / DAPO+ERC from klear_lib (docs/scale.md).
+#
+# Environment: its own venv with `pip install -e '.[verl]' vllm` (verl's hydra clashes with this project's default
+# math-verify build; see pyproject.toml). Multi-node: on every node, export the two KLEAR/VERL variables below
+# before `ray start --head` (head) / `ray start --address=<head ip>:6379` (workers), so every Ray worker imports
+# klear_lib.integrations.verl; then run this script on the head node.
+#
+# Usage: SFT_MODEL=/path/to/sft NNODES=2 GPUS_PER_NODE=8 scripts/verl_klear.sh [more hydra overrides]
+#   LOSS=gppo_erc (default) | gppo | ppo_clip_erc;  KLEAR_VERL_LOSS='{"erc_low": 0.8, "erc_high": 1.2}' (JSON);
+#   DATA=Kwai-Klear/KlearReasoner-MathSub-30K (hub name or local json/parquet); DATA_DIR=data/klear.
+# Not yet run by the project (no GPU was lent); the loss registration and the entropy hook are tested on CPU
+# against verl 0.9.1 (tests/test_verl.py).
+set -euo pipefail
+: "${SFT_MODEL:?set SFT_MODEL to the long-CoT SFT checkpoint RL starts from}"
+NNODES=${NNODES:-1}
+GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+LOSS=${LOSS:-gppo_erc}
+DATA=${DATA:-Kwai-Klear/KlearReasoner-MathSub-30K}
+DATA_DIR=${DATA_DIR:-data/klear}
+PY=${PY:-python}
+export VERL_USE_EXTERNAL_MODULES=${VERL_USE_EXTERNAL_MODULES:-klear_lib.integrations.verl}
+export KLEAR_VERL_LOSS=${KLEAR_VERL_LOSS:-'{"erc_low": 0.8, "erc_high": 1.2}'}
+
+# verl reads parquet: Klear's RL records are already in verl's layout (data_source, prompt, ability, reward_model).
+TRAIN="$DATA_DIR/train.parquet"
+if [ ! -f "$TRAIN" ]; then
+  mkdir -p "$DATA_DIR"
+  "$PY" - "$DATA" "$TRAIN" <<'PYPREP'
+import sys
+from datasets import load_dataset
+src, out = sys.argv[1], sys.argv[2]
+kind = {"json": "json", "jsonl": "json", "parquet": "parquet"}.get(src.rsplit(".", 1)[-1])
+ds = load_dataset(kind, data_files=src, split="train") if kind else load_dataset(src, split="train")
+ds.to_parquet(out)
+print(f"{len(ds)} records -> {out}")
+PYPREP
+fi
+REWARD=$("$PY" -c 'import klear_lib.integrations.verl_reward as m; print(m.__file__)')
+
+# Klear's recipe (reference §4): 128 prompts x 8 responses, mini-batch 16, lr 1e-6 with 10 warm-up steps, weight
+# decay 0.1, clip 0.2/0.28, dual-clip 10, token-mean, no KL, no entropy bonus, T 1.0, 32K responses.
+"$PY" -m verl.trainer.main_ppo \
+  algorithm.adv_estimator=grpo \
+  algorithm.use_kl_in_reward=False \
+  data.train_files="$TRAIN" \
+  data.val_files="$TRAIN" \
+  data.train_batch_size=128 \
+  data.max_prompt_length=4096 \
+  data.max_response_length=32768 \
+  data.truncation=left \
+  actor_rollout_ref.model.path="$SFT_MODEL" \
+  actor_rollout_ref.model.enable_gradient_checkpointing=True \
+  actor_rollout_ref.actor.optim.lr=1e-6 \
+  actor_rollout_ref.actor.optim.lr_warmup_steps=10 \
+  actor_rollout_ref.actor.optim.weight_decay=0.1 \
+  actor_rollout_ref.actor.grad_clip=1.0 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=16 \
+  actor_rollout_ref.actor.ppo_epochs=1 \
+  actor_rollout_ref.actor.use_dynamic_bsz=True \
+  actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40960 \
+  actor_rollout_ref.actor.clip_ratio_low=0.2 \
+  actor_rollout_ref.actor.clip_ratio_high=0.28 \
+  actor_rollout_ref.actor.clip_ratio_c=10.0 \
+  actor_rollout_ref.actor.loss_agg_mode=token-mean \
+  actor_rollout_ref.actor.policy_loss.loss_mode="$LOSS" \
+  actor_rollout_ref.actor.calculate_entropy=True \
+  actor_rollout_ref.actor.entropy_coeff=0 \
+  actor_rollout_ref.actor.use_kl_loss=False \
+  actor_rollout_ref.rollout.name=vllm \
+  actor_rollout_ref.rollout.n=8 \
+  actor_rollout_ref.rollout.temperature=1.0 \
+  actor_rollout_ref.rollout.top_p=1.0 \
+  actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.7 \
+  reward.custom_reward_function.path="$REWARD" \
+  reward.custom_reward_function.name=compute_score \
+  trainer.nnodes="$NNODES" \
+  trainer.n_gpus_per_node="$GPUS_PER_NODE" \
+  trainer.project_name=klear \
+  trainer.experiment_name="klear-$LOSS" \
+  trainer.logger='["console"]' \
+  trainer.save_freq=50 \
+  trainer.test_freq=-1 \
+  trainer.val_before_train=False \
+  "$@"

@@ -1,0 +1,62 @@
+"""klear_lib.train.launch on the CPU: RL from a config file into a run directory, on the tiny task and on Klear's
+RL record schema (a fixture in the real layout, judged by math-verify in worker processes), and its errors."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from klear_lib import models, runs
+from klear_lib.data import hub, tasks
+from klear_lib.train import launch
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "rl" / "cpu_tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    train, _ = tasks.make_splits(1234, 200, 8)
+    tok = models.build_tokenizer(tasks.corpus(train))
+    return models.save_model_and_tokenizer(models.build_tiny_model(tok, seed=0), tok,
+                                           tmp_path_factory.mktemp("tiny") / "sft")
+
+
+def test_launch_on_the_tiny_task_writes_a_run_directory_and_the_model(tiny_model, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert launch.main(["--config", str(CONFIG), "--out", str(out), "-p", f"model={tiny_model}"]) == 0
+    assert capsys.readouterr().out.strip().endswith(str(out))
+    assert not runs.check_run_dir(out)
+    steps = [r for r in runs.read_metrics(out / "metrics.jsonl") if "actor/pg_loss" in r]
+    assert len(steps) == 4  # 2 rollouts x (4 prompts / mini-batches of 2)
+    assert any(r["actor/erc_frac_low"] + r["actor/erc_frac_high"] >= 0 for r in steps)
+    model, _ = models.load_model_and_tokenizer(out / "model", dtype=torch.float32)
+    start, _ = models.load_model_and_tokenizer(tiny_model, dtype=torch.float32)
+    moved = sum(float((a - b).detach().abs().sum()) for a, b in zip(model.parameters(), start.parameters()))
+    assert moved > 0  # RL changed the weights that were saved
+    cfg = runs.read_summary(out)
+    assert cfg["model"] == str(out / "model")
+
+
+def test_launch_on_klear_math_records_judges_with_math_verify(tiny_model, tmp_path):
+    rows = [hub.klear_rl_row(f"What is {a} + {b}?", str(a + b)) for a in range(3) for b in range(2)]
+    data = hub.write_jsonl(rows, tmp_path / "math.jsonl")
+    out = tmp_path / "run"
+    code = launch.main(["--config", str(CONFIG), "--out", str(out), "-p", f"model={tiny_model}",
+                        "-p", f"data={data}", "-p", "reward_workers=2", "-p", "rollouts=1"])
+    assert code == 0
+    steps = [r for r in runs.read_metrics(out / "metrics.jsonl") if "actor/pg_loss" in r]
+    assert len(steps) == 2
+    # graded by the math judge (TRL names the metric after the reward function): Klear's released scores are
+    # +1 correct, -1 wrong, -0.5 no </think>, -2 no <think>; an untrained model is mostly format failures
+    # (TRL logs the rewards on the step that generated the rollout)
+    means = [r["rewards/math/mean"] for r in steps if "rewards/math/mean" in r]
+    assert means and all(-2.0 <= m <= 1.0 for m in means) and any(m < 0 for m in means), means
+
+
+def test_launch_errors_name_the_key(tmp_path, capsys):
+    assert launch.main(["--config", str(CONFIG), "--out", str(tmp_path / "x")]) == 2
+    assert "model: set it to the SFT checkpoint" in capsys.readouterr().err
+    assert launch.main(["--config", str(CONFIG), "--out", str(tmp_path / "x"), "-p", "modle=abc"]) == 2
+    assert "unknown key(s) ['modle']" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
