@@ -60,3 +60,24 @@ def test_launch_errors_name_the_key(tmp_path, capsys):
     assert launch.main(["--config", str(CONFIG), "--out", str(tmp_path / "x"), "-p", "modle=abc"]) == 2
     assert "unknown key(s) ['modle']" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_unsloth_needs_a_gpu_and_unsloth(tiny_model, tmp_path, monkeypatch):
+    from klear_lib.train import sft
+
+    monkeypatch.setattr(sft, "unsloth_available", lambda: False)
+    with pytest.raises(RuntimeError, match="needs unsloth installed"):
+        launch.launch(*launch.load_config(CONFIG, {"model": str(tiny_model), "unsloth": "lora"}), tmp_path / "u")
+    with pytest.raises(ValueError, match="unsloth must be 'off', 'full' or 'lora'"):
+        launch.load_config(CONFIG, {"unsloth": "yes"})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_launch_with_unsloth_on_a_gpu(tiny_model, tmp_path, mode):
+    pytest.importorskip("unsloth")
+    out = tmp_path / mode
+    assert launch.main(["--config", str(CONFIG), "--out", str(out), "-p", f"model={tiny_model}", "-p", f"unsloth={mode}",
+                        "-p", "lora_rank=8", "-p", "use_cpu=false", "-p", "bf16=true"]) == 0
+    steps = [r for r in runs.read_metrics(out / "metrics.jsonl") if "actor/pg_loss" in r]
+    assert len(steps) == 4 and all(torch.isfinite(torch.tensor(r["actor/pg_loss"])) for r in steps)

@@ -48,6 +48,10 @@ class LaunchConfig:
     """Grader processes (Klear: 10 for code)."""
     completion_prefix: str = ""
     """Text put before each completion when judging, e.g. ``<think>`` when the chat template opens it."""
+    unsloth: str = "off"
+    """Load the model with unsloth (one CUDA GPU, unsloth installed): ``off``, ``full`` fine-tuning, or ``lora``."""
+    lora_rank: int = 32
+    """LoRA rank when ``unsloth: lora``."""
 
 
 def load_config(path: str | os.PathLike, overrides: dict) -> tuple[RLExperimentConfig, LaunchConfig]:
@@ -65,6 +69,8 @@ def load_config(path: str | os.PathLike, overrides: dict) -> tuple[RLExperimentC
     rl = from_dict(RLExperimentConfig, {k: v for k, v in raw.items() if k in rl_keys}, where=str(path))
     if launch.ability not in ("math", "code"):
         raise ValueError(f"{path}: ability must be 'math' or 'code', got {launch.ability!r}")
+    if launch.unsloth not in ("off", "full", "lora"):
+        raise ValueError(f"{path}: unsloth must be 'off', 'full' or 'lora', got {launch.unsloth!r}")
     return rl, launch
 
 
@@ -121,7 +127,14 @@ def launch(cfg: RLExperimentConfig, launch_cfg: LaunchConfig, out: str | os.Path
         runs.write_run_metadata(out, {"rl": cfg, "launch": launch_cfg,
                                       "world_size": int(os.environ.get("WORLD_SIZE", 1))})
     runs.set_seed(cfg.seed)
-    model, tokenizer = models.load_model_and_tokenizer(cfg.model, dtype="auto")
+    if launch_cfg.unsloth == "off":
+        model, tokenizer = models.load_model_and_tokenizer(cfg.model, dtype="auto")
+    else:
+        from klear_lib.train.sft import load_for_sft
+
+        model, tokenizer = load_for_sft(cfg.model, max_length=cfg.max_completion_length + 4096, bf16=cfg.bf16,
+                                        use_unsloth=True,
+                                        lora_rank=launch_cfg.lora_rank if launch_cfg.unsloth == "lora" else 0)
     train = heldout = []
     rows = reward_funcs = evaluate = pool = None
     if launch_cfg.data == "tiny":

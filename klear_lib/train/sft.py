@@ -72,10 +72,11 @@ def unsloth_available() -> bool:
 
 
 def load_for_sft(name_or_path: str | Path, *, max_length: int = 4096, bf16: bool = True,
-                 use_unsloth: bool | None = None):
-    """A model and tokenizer to fine-tune: unsloth's ``FastLanguageModel`` (full fine-tuning, its fused kernels)
-    where ``unsloth_available()``, else ``klear_lib.models.load_model_and_tokenizer``. ``use_unsloth=None``
-    decides by availability; True without unsloth is an error."""
+                 use_unsloth: bool | None = None, lora_rank: int = 0):
+    """A model and tokenizer to fine-tune: unsloth's ``FastLanguageModel`` (its fused kernels; full fine-tuning,
+    or LoRA adapters of rank ``lora_rank`` on every attention and MLP projection when it is > 0) where
+    ``unsloth_available()``, else ``klear_lib.models.load_model_and_tokenizer``. ``use_unsloth=None`` decides by
+    availability; True without unsloth is an error. RL uses it too (``train.launch``, ``unsloth: full|lora``)."""
     if use_unsloth is None:
         use_unsloth = unsloth_available()
     dtype = torch.bfloat16 if bf16 else torch.float32
@@ -87,8 +88,13 @@ def load_for_sft(name_or_path: str | Path, *, max_length: int = 4096, bf16: bool
 
     model, tokenizer = FastLanguageModel.from_pretrained(
         model_name=str(name_or_path), max_seq_length=max_length, dtype=dtype, load_in_4bit=False,
-        full_finetuning=True,
+        full_finetuning=lora_rank == 0,
     )
+    if lora_rank > 0:
+        model = FastLanguageModel.get_peft_model(
+            model, r=lora_rank, lora_alpha=2 * lora_rank, use_gradient_checkpointing="unsloth",
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        )
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
