@@ -81,3 +81,22 @@ def test_launch_with_unsloth_on_a_gpu(tiny_model, tmp_path, mode):
                         "-p", "lora_rank=8", "-p", "use_cpu=false", "-p", "bf16=true"]) == 0
     steps = [r for r in runs.read_metrics(out / "metrics.jsonl") if "actor/pg_loss" in r]
     assert len(steps) == 4 and all(torch.isfinite(torch.tensor(r["actor/pg_loss"])) for r in steps)
+
+
+def test_launch_runs_data_parallel_over_two_cpu_processes(tiny_model, tmp_path):
+    """torchrun with two processes (gloo on the CPU), as accelerate launches them on GPUs: the mini-batch is split
+    over the processes, only the main one writes the run directory, the model is saved once."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "ddp"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m",
+                           "klear_lib.train.launch", "--config", str(CONFIG), "--out", str(out), "-p",
+                           f"model={tiny_model}"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == str(out) and proc.stdout.count(str(out)) == 1
+    assert json.loads((out / "config.json").read_text())["world_size"] == 2
+    records = runs.read_metrics(out / "metrics.jsonl")
+    assert len([r for r in records if "actor/pg_loss" in r]) == 4  # written by one process, not two
+    models.load_model_and_tokenizer(out / "model", dtype=torch.float32)

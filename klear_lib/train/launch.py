@@ -175,7 +175,9 @@ def main(argv=None) -> int:
         print(f"launch: error: {err}", file=sys.stderr)
         return 2
     try:
-        print(launch(cfg, launch_cfg, args.out))
+        out = launch(cfg, launch_cfg, args.out)
+        if _is_main():
+            print(out)
     except ValueError as err:
         print(f"launch: error: {err}", file=sys.stderr)
         return 2

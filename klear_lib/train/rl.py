@@ -336,7 +336,7 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
     upr = cfg.updates_per_rollout
     args = GRPOConfig(
         output_dir=str(output_dir or tempfile.mkdtemp(prefix="klear-rl-")),
-        per_device_train_batch_size=cfg.mini_batch_prompts * cfg.num_generations,  # completions per update
+        per_device_train_batch_size=_per_device(cfg.mini_batch_prompts * cfg.num_generations),  # completions per update
         steps_per_generation=upr,  # one rollout batch feeds `upr` optimizer steps
         gradient_accumulation_steps=1,
         num_generations=cfg.num_generations,
@@ -384,6 +384,16 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         if trainer.accelerator.is_main_process:
             tokenizer.save_pretrained(str(save_dir))
     return trainer.model, eval_cb.history
+
+
+def _per_device(completions_per_update: int) -> int:
+    """A mini-batch's completions per process: ``mini_batch_prompts`` is global (Klear's 16 prompts per optimizer
+    step, however many GPUs), so each of WORLD_SIZE processes takes its share."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if completions_per_update % world:
+        raise ValueError(f"mini_batch_prompts x num_generations = {completions_per_update} completions per optimizer "
+                         f"step must divide evenly over the {world} processes")
+    return completions_per_update // world
 
 
 def _last_checkpoint(output_dir: str) -> str | None:
