@@ -124,7 +124,7 @@ protocol = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k or N
 
 run_path = Path(run_dir) if run_dir else runs.create_run_dir("outputs", "07_evaluation")
 run_path.mkdir(parents=True, exist_ok=True)
-runs.write_run_metadata(run_path, {"benchmarks": bench_names, "benchmark_paths": paths, "checkpoints": ckpts,
+runs.write_run_metadata(run_path, {"seed": seed, "benchmarks": bench_names, "benchmark_paths": paths, "checkpoints": ckpts,
                                    "train_tiny": train_tiny, "tiny": base, "engine": engine, "n": n,
                                    "budgets": budget_list, "yarn_factor": yarn_factor,
                                    "original_context": original_context, "protocol": protocol, "limit": limit})
