@@ -223,7 +223,20 @@ class VLLMEngine:
         return [[c.text for c in o.outputs] for o in outputs]
 
     def close(self) -> None:
-        del self.llm
+        """Shut the engine's worker processes down and free its memory, so that the next engine (another
+        checkpoint, another rope setting) can be built in the same process."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is None:
+            return
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del llm
+        import gc
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 ENGINES = {"hf": HFEngine, "vllm": VLLMEngine}

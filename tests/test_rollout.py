@@ -175,3 +175,10 @@ def test_vllm_engine_on_the_tiny_model(saved_model, monkeypatch):
         assert ids_vllm == ids_hf
     finally:
         eng.close()
+    # a second engine in the same process after close() (notebook 07 builds one per checkpoint)
+    eng2 = make_engine("vllm", saved_model, dtype="float32", max_model_len=256, enforce_eager=True)
+    try:
+        out = eng2.generate(PROMPTS[:1], SamplingConfig(n=3, temperature=1.0, max_new_tokens=4))
+        assert len(out) == 1 and len(out[0]) == 3
+    finally:
+        eng2.close()
