@@ -40,10 +40,9 @@ reproduce: $(STAMP)
 test: $(STAMP)
 	rm -rf .nbval && mkdir -p .nbval
 	for nb in notebooks/[0-9]*.ipynb; do \
-	  name=$$(basename $$nb .ipynb); extra=; \
-	  case $$name in 00_*) extra="-p output_root=$(CURDIR)/.nbval/runs";; esac; \
+	  name=$$(basename $$nb .ipynb); \
 	  if [ -f params/$$name/smoke.yaml ]; then \
-	    $(VENV)/bin/klear prepare $$name --preset smoke --out .nbval/$$name.ipynb --run-dir .nbval/runs/$$name/smoke $$extra || exit 1; \
+	    $(VENV)/bin/klear prepare $$name --preset smoke --out .nbval/$$name.ipynb --run-dir .nbval/runs/$$name/smoke || exit 1; \
 	  fi; \
 	done
 	@# The report notebook (00_*) gathers the other notebooks' smoke runs: pytest collects in argument order, so it

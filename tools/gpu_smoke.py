@@ -90,9 +90,10 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows, clock = [], time.perf_counter()
 
-    def check(name, value, tol=None, ok=None):
-        ok = (value <= tol) if ok is None and tol is not None else (True if ok is None else bool(ok))
-        rows.append({"check": name, "value": value, "tolerance": tol, "ok": ok})
+    def check(name, value, tol=None, ok=True):
+        """One table row: within ``tol`` when a tolerance is given, else ``ok`` as computed by the caller."""
+        passed = value <= tol if tol is not None else bool(ok)
+        rows.append({"check": name, "value": value, "tolerance": tol, "ok": passed})
 
     # 1-2. SFT on the device
     cfg = RLExperimentConfig(model="tiny", n_train=args.sft_samples, n_heldout=32, sft_epochs=2.0, sft_batch_size=32,

@@ -17,7 +17,7 @@ error and the cell it came from; `make reproduce` also records notebooks that ne
 This page shows the same sections as the HTML file."""),
     code(r"""# Parameters: flat scalars only (papermill injects overrides after this cell).
 run_dir = ""                                   # set by `klear run`; this notebook's own run directory
-output_root = "outputs"                        # where the runs to gather are
+output_root = ""                               # where the runs are; empty: the folder above this run's own
 report_path = ""                               # empty: <output_root>/report.html""",
          metadata={"tags": ["parameters"]}),
     code(r"""from pathlib import Path
@@ -27,10 +27,10 @@ from IPython.display import HTML, display
 
 from klear_lib import report, runs
 
-root = Path(output_root)
-out = Path(report_path) if report_path else root / "report.html"
-run_path = Path(run_dir) if run_dir else runs.create_run_dir(root, "00_report")
+run_path = Path(run_dir) if run_dir else runs.create_run_dir(output_root or "outputs", "00_report")
 run_path.mkdir(parents=True, exist_ok=True)
+root = Path(output_root) if output_root else run_path.resolve().parent.parent  # <root>/00_report/<stamp>
+out = Path(report_path) if report_path else root / "report.html"
 runs.write_run_metadata(run_path, {"output_root": str(root.resolve()), "report_path": str(out.resolve())})
 all_runs = [r for r in report.collect_runs(root) if not r.notebook.startswith("00_")]
 latest = report.latest_runs(all_runs)
