@@ -50,8 +50,10 @@ test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests $$(ls .nbval/*.ipynb | grep -v '/00_') $$(ls .nbval/00_*.ipynb) \
 	  --nbval-lax --sanitize-with tests/nbval_sanitize.cfg
 
+# JupyterLab on notebooks/ with jupytext's contents manager (installed with the `lab` extra): saving a notebook
+# updates both halves of its pair. Jupyter refuses to run as root without --allow-root (containers, GPU boxes).
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_step_time.py

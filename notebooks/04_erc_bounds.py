@@ -1,30 +1,27 @@
-"""04 · Entropy Ratio Clipping: bounds swept on DAPO and on GPPO."""
-from _common import code, md, write  # noqa: F401  (run through tools/build_notebooks.py)
+# %% [markdown]
+# # 04 · Entropy Ratio Clipping (ERC) on DAPO and on GPPO
+#
+# ERC (arXiv 2512.05591; the project's `../shared/docs/klear_reference.md` §3) stops the gradient of a response
+# token when the entropy of the current policy's next-token distribution has moved too far from the rollout
+# policy's:
+#
+# $$ \rho_t = \frac{H_t(\pi_\theta) + 10^{-8}}{H_t(\pi_{\text{old}}) + 10^{-8}}, \qquad
+# \text{token } t \text{ keeps its gradient iff } \rho_t \in (\beta_{\text{low}}, \beta_{\text{high}}) $$
+#
+# It is a *global* trust region on the whole distribution, where PPO-clip bounds only the sampled token's ratio.
+# The paper reports that ERC stabilises entropy and gradient norms and improves accuracy, that it stops about 20%
+# of tokens (mostly low-entropy ones) where PPO-clip clips about 0.02%, and uses bounds (0.8, 1.2) in its config
+# and (0.95, 1.05) in its scripts. This notebook sweeps the bounds (0.8, 1.2), (0.85, 1.25), (0.95, 1.1) and
+# (0.95, 1.05) against no ERC, on DAPO's PPO-clip (ε 0.2/0.28) and on GPPO (ε 0.2/0.2), over several seeds.
+#
+# Entropies come from `klear_lib.logprobs` (chunked over tokens; no (B, T, V) logits), the rollout policy's from
+# the old-log-prob pass TRL already makes, so ERC costs no extra forward.
+#
+# **The tiny stand-in.** As notebook 03: a ≈1M-parameter Qwen3, SFT on a teacher that errs on 20% of steps, then
+# RL with 8 off-policy updates per rollout (ERC, like clipping, only acts once the policy has moved).
 
-NAME = "04_erc_bounds"
-
-cells = [
-    md(r"""# 04 · Entropy Ratio Clipping (ERC) on DAPO and on GPPO
-
-ERC (arXiv 2512.05591; the project's `../shared/docs/klear_reference.md` §3) stops the gradient of a response
-token when the entropy of the current policy's next-token distribution has moved too far from the rollout
-policy's:
-
-$$ \rho_t = \frac{H_t(\pi_\theta) + 10^{-8}}{H_t(\pi_{\text{old}}) + 10^{-8}}, \qquad
-\text{token } t \text{ keeps its gradient iff } \rho_t \in (\beta_{\text{low}}, \beta_{\text{high}}) $$
-
-It is a *global* trust region on the whole distribution, where PPO-clip bounds only the sampled token's ratio.
-The paper reports that ERC stabilises entropy and gradient norms and improves accuracy, that it stops about 20%
-of tokens (mostly low-entropy ones) where PPO-clip clips about 0.02%, and uses bounds (0.8, 1.2) in its config
-and (0.95, 1.05) in its scripts. This notebook sweeps the bounds (0.8, 1.2), (0.85, 1.25), (0.95, 1.1) and
-(0.95, 1.05) against no ERC, on DAPO's PPO-clip (ε 0.2/0.28) and on GPPO (ε 0.2/0.2), over several seeds.
-
-Entropies come from `klear_lib.logprobs` (chunked over tokens; no (B, T, V) logits), the rollout policy's from
-the old-log-prob pass TRL already makes, so ERC costs no extra forward.
-
-**The tiny stand-in.** As notebook 03: a ≈1M-parameter Qwen3, SFT on a teacher that errs on 20% of steps, then
-RL with 8 off-policy updates per rollout (ERC, like clipping, only acts once the policy has moved)."""),
-    code(r"""# Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
+# %% tags=["parameters"]
+# Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
 losses = "ppo_clip,gppo"                       # ERC on DAPO's PPO-clip and on GPPO
 bounds = "none,0.8-1.2,0.85-1.25,0.95-1.1,0.95-1.05"
@@ -47,10 +44,14 @@ eval_n = 4
 eval_temperature = 1.0                         # the paper evaluates at 0.6; see notebook 03
 use_vllm = False
 use_cpu = True
-bf16 = False""", metadata={"tags": ["parameters"]}),
-    md(r"""## Configuration
-Each variant is a diff against one base config: the loss, its clip range, and the ERC bounds."""),
-    code(r"""import json, time
+bf16 = False
+
+# %% [markdown]
+# ## Configuration
+# Each variant is a diff against one base config: the loss, its clip range, and the ERC bounds.
+
+# %%
+import json, time
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -99,12 +100,20 @@ run_path.mkdir(parents=True, exist_ok=True)
 runs.write_run_metadata(run_path, {"base": base, "variants": {v: c.klear_loss for v, c in configs.items()},
                                    "seeds": seed_list})
 print(f"run dir: {run_path}")
-print(f"{len(configs)} variants x {len(seed_list)} seeds; {base.max_steps} optimizer steps per run")"""),
-    md(r"""## SFT warm start (shared by every run)"""),
-    code(r"""ws = arithmetic_warm_start(base, run_path / "sft")
-train, heldout, sft_dir, start = ws.train, ws.heldout, ws.sft_dir, ws.start"""),
-    md(r"""## RL: every variant × every seed"""),
-    code(r"""clock = time.perf_counter()
+print(f"{len(configs)} variants x {len(seed_list)} seeds; {base.max_steps} optimizer steps per run")
+
+# %% [markdown]
+# ## SFT warm start (shared by every run)
+
+# %%
+ws = arithmetic_warm_start(base, run_path / "sft")
+train, heldout, sft_dir, start = ws.train, ws.heldout, ws.sft_dir, ws.start
+
+# %% [markdown]
+# ## RL: every variant × every seed
+
+# %%
+clock = time.perf_counter()
 with runs.MetricsWriter(run_path / "metrics.jsonl") as writer:
     for variant, cfg in configs.items():
         for seed in seed_list:
@@ -113,11 +122,15 @@ with runs.MetricsWriter(run_path / "metrics.jsonl") as writer:
             loss_name, erc = variant.split("/")
             run_rl(cfg.replace(seed=seed), model, tok, train, heldout, writer,
                    tags={"variant": variant, "loss_name": loss_name, "erc": erc.removeprefix("erc="), "seed": seed})
-print(f"RL done in {time.perf_counter() - clock:.0f}s")"""),
-    md(r"""## What happened
-Held-out accuracy, entropy, the ERC-stopped fractions against PPO-clip's clip fractions, the gradient norm, and
-the spread of the entropy ratio (5th-95th percentile of ρ per step). Mean over seeds, bands ±1 std."""),
-    code(r"""df = plots.metrics_frame(run_path)
+print(f"RL done in {time.perf_counter() - clock:.0f}s")
+
+# %% [markdown]
+# ## What happened
+# Held-out accuracy, entropy, the ERC-stopped fractions against PPO-clip's clip fractions, the gradient norm, and
+# the spread of the entropy ratio (5th-95th percentile of ρ per step). Mean over seeds, bands ±1 std.
+
+# %%
+df = plots.metrics_frame(run_path)
 steps = df.dropna(subset=["actor/pg_loss"]).copy()
 # a step whose groups were all filtered out has no response tokens and so no entropy diagnostics
 diag = [f"erc/ratio_{q}" for q in ("p05", "p50", "p95")] + [f"erc/{k}_{b}" for k in ("token_share", "masked_frac")
@@ -131,12 +144,16 @@ plots.TITLES.update({"erc_frac": "ERC-stopped fraction of tokens", "clip_frac": 
 merged = pd.concat([steps, df[df["eval/avg_at_n"].notna()]])
 fig = plots.plot_curves(merged, ["eval/avg_at_n", "entropy", "erc_frac", "clip_frac", "grad_norm", "ratio_spread"],
                         out=run_path / "figures" / "erc_curves.png",
-                        title="ERC bounds on PPO-clip and GPPO (mean ± std over seeds)")"""),
-    md(r"""### Which tokens does ERC stop?
-Per old-policy entropy bucket (low H < 0.1 nats, mid 0.1-1, high ≥ 1): the share of all response tokens in the
-bucket and the share of the bucket's tokens that ERC stopped, averaged over steps and seeds. Then the
-step-to-step fluctuation of entropy (std of its differences) and of the gradient norm."""),
-    code(r"""buckets = ["low", "mid", "high"]
+                        title="ERC bounds on PPO-clip and GPPO (mean ± std over seeds)")
+
+# %% [markdown]
+# ### Which tokens does ERC stop?
+# Per old-policy entropy bucket (low H < 0.1 nats, mid 0.1-1, high ≥ 1): the share of all response tokens in the
+# bucket and the share of the bucket's tokens that ERC stopped, averaged over steps and seeds. Then the
+# step-to-step fluctuation of entropy (std of its differences) and of the gradient norm.
+
+# %%
+buckets = ["low", "mid", "high"]
 by_bucket = steps.groupby("variant", sort=False)[[f"erc/token_share_{b}" for b in buckets]
                                                + [f"erc/masked_frac_{b}" for b in buckets]].mean()
 display(by_bucket.style.format("{:.4f}"))
@@ -180,35 +197,30 @@ runs.write_summary(run_path, {"sft_start_avg_at_n": start["avg_at_n"],
               round(float(r["grad_norm_fluct"]), 4)] for v, r in table.iterrows()],
     "note": "The paper (ERC, arXiv 2512.05591): ERC stops ~20% of tokens, mostly low-entropy ones, where PPO-clip "
             "clips ~0.02%; entropy and gradient norm fluctuate less; accuracy improves on DAPO and GPPO.",
-}})"""),
-    md(r"""## Beside the paper
-| claim (ERC paper, arXiv 2512.05591) | where to look here |
-|---|---|
-| ERC stops ~20% of tokens, mostly low-entropy ones; PPO-clip clips ~0.02% | `erc_frac` against `clip_frac`; the bucket table |
-| entropy and gradient norm fluctuate less with ERC | `entropy_fluct`, `grad_norm_fluct`, `grad_norm_max` |
-| ERC improves accuracy on DAPO and on GPPO (AIME24/25, 7B) | `final`, `delta_min`, `final_std` |
-| tighter bounds (0.95, 1.05) stop more tokens than (0.8, 1.2) | `erc_frac` across the bounds |
+}})
 
-What the stand-in cannot show: the paper's numbers, long-response entropy collapse over thousands of steps, and
-anything specific to a 7B model's entropy profile. A tiny model's next-token distributions are broad on few
-tokens (the digits) and near-deterministic on the rest, so its entropy buckets differ from a real model's; read
-the spread over seeds before reading an ordering into the means."""),
-    code(r"""# NBVAL_CHECK_OUTPUT
+# %% [markdown]
+# ## Beside the paper
+# | claim (ERC paper, arXiv 2512.05591) | where to look here |
+# |---|---|
+# | ERC stops ~20% of tokens, mostly low-entropy ones; PPO-clip clips ~0.02% | `erc_frac` against `clip_frac`; the bucket table |
+# | entropy and gradient norm fluctuate less with ERC | `entropy_fluct`, `grad_norm_fluct`, `grad_norm_max` |
+# | ERC improves accuracy on DAPO and on GPPO (AIME24/25, 7B) | `final`, `delta_min`, `final_std` |
+# | tighter bounds (0.95, 1.05) stop more tokens than (0.8, 1.2) | `erc_frac` across the bounds |
+#
+# What the stand-in cannot show: the paper's numbers, long-response entropy collapse over thousands of steps, and
+# anything specific to a 7B model's entropy profile. A tiny model's next-token distributions are broad on few
+# tokens (the digits) and near-deterministic on the rest, so its entropy buckets differ from a real model's; read
+# the spread over seeds before reading an ordering into the means.
+
+# %%
+# NBVAL_CHECK_OUTPUT
 # Invariants of the run, printed in a form that is the same on every machine (nbval compares this output).
 print("run-dir contract complete:", not runs.check_run_dir(run_path))
-print("variants:", list(table.index))
+print("every requested variant ran:", sorted(table.index) == sorted(configs))
 print("every variant has a start and a final evaluation for every seed:", bool((table["seeds"] == len(seed_list)).all()))
 no_erc = steps[steps["erc"] == "none"]
 print("no ERC, nothing stopped:", bool((no_erc["erc_frac"] == 0).all()))
 has_tokens = steps.dropna(subset=["erc/ratio_p50"])
 print("bucket shares sum to 1:", bool(((has_tokens[[f"erc/token_share_{b}" for b in buckets]].sum(axis=1) - 1).abs() < 1e-6).all()))
-print("entropy-ratio quantiles ordered:", bool((has_tokens["erc/ratio_p05"] <= has_tokens["erc/ratio_p95"]).all()))"""),
-]
-
-SMOKE_CHECK = """run-dir contract complete: True
-variants: ['ppo_clip/erc=none', 'ppo_clip/erc=0.8-1.2', 'gppo/erc=none', 'gppo/erc=0.8-1.2']
-every variant has a start and a final evaluation for every seed: True
-no ERC, nothing stopped: True
-bucket shares sum to 1: True
-entropy-ratio quantiles ordered: True
-"""
+print("entropy-ratio quantiles ordered:", bool((has_tokens["erc/ratio_p05"] <= has_tokens["erc/ratio_p95"]).all()))

@@ -1,33 +1,30 @@
-"""02 · SFT accuracy filtering: Only-True vs Mixed on easy, hard and all problems."""
-from _common import code, md, write  # noqa: F401  (run through tools/build_notebooks.py)
+# %% [markdown]
+# # 02 · Should incorrect teacher responses be filtered out of SFT data?
+#
+# Klear-Reasoner (arXiv 2508.07629, §3; the project's `../shared/docs/klear_reference.md` §6) compares SFT on
+# **Only-True** data (teacher responses whose answer verifies) against **Mixed** data (incorrect responses kept),
+# separately on easy problems, hard problems and all of them, with difficulty from measured pass rates. Its
+# finding: *filter on easy problems, keep the incorrect responses on hard ones*, where they still show long
+# exploratory reasoning (88% of its SFT data is hard):
+#
+# | paper (7B), Only-True vs Mixed | Easy | Hard | Overall |
+# |---|---|---|---|
+# | AIME24 | **45.00** vs 40.22 | 45.63 vs **47.29** | **44.58** vs 42.92 |
+# | AIME25 | **31.25** vs 30.63 | 33.13 vs **33.54** | 32.29 vs **32.50** |
+# | LCB v5 | **20.79** vs 20.07 | 25.81 vs **26.88** | **24.73** vs 23.66 |
+#
+# **The pipeline**: a teacher answers every training problem; each distinct problem's difficulty is its measured
+# pass rate over `pass_samples` teacher responses (`selection.difficulty_buckets`: easy above `easy_above`); each
+# subset (easy / hard / all) is filtered with `selection.filter_by_correctness` (`only_true` or `mixed`); one SFT
+# per subset, mode and seed, evaluated on held-out problems.
+#
+# **The tiny stand-in.** The `graded` teacher of `klear_lib.data.teachers` errs on 5% of steps at level 1 and 35%
+# at level 4, so its answers are right about 95% / 72% / 42% / 12% of the time from the easiest level to the
+# hardest: hard problems carry mostly incorrect traces, as in the paper. Every run continues SFT from one base
+# model (trained on a noisy teacher over `base_levels`), standing in for the paper's pretrained base.
 
-NAME = "02_sft_accuracy_filtering"
-
-cells = [
-    md(r"""# 02 · Should incorrect teacher responses be filtered out of SFT data?
-
-Klear-Reasoner (arXiv 2508.07629, §3; the project's `../shared/docs/klear_reference.md` §6) compares SFT on
-**Only-True** data (teacher responses whose answer verifies) against **Mixed** data (incorrect responses kept),
-separately on easy problems, hard problems and all of them, with difficulty from measured pass rates. Its
-finding: *filter on easy problems, keep the incorrect responses on hard ones*, where they still show long
-exploratory reasoning (88% of its SFT data is hard):
-
-| paper (7B), Only-True vs Mixed | Easy | Hard | Overall |
-|---|---|---|---|
-| AIME24 | **45.00** vs 40.22 | 45.63 vs **47.29** | **44.58** vs 42.92 |
-| AIME25 | **31.25** vs 30.63 | 33.13 vs **33.54** | 32.29 vs **32.50** |
-| LCB v5 | **20.79** vs 20.07 | 25.81 vs **26.88** | **24.73** vs 23.66 |
-
-**The pipeline**: a teacher answers every training problem; each distinct problem's difficulty is its measured
-pass rate over `pass_samples` teacher responses (`selection.difficulty_buckets`: easy above `easy_above`); each
-subset (easy / hard / all) is filtered with `selection.filter_by_correctness` (`only_true` or `mixed`); one SFT
-per subset, mode and seed, evaluated on held-out problems.
-
-**The tiny stand-in.** The `graded` teacher of `klear_lib.data.teachers` errs on 5% of steps at level 1 and 35%
-at level 4, so its answers are right about 95% / 72% / 42% / 12% of the time from the easiest level to the
-hardest: hard problems carry mostly incorrect traces, as in the paper. Every run continues SFT from one base
-model (trained on a noisy teacher over `base_levels`), standing in for the paper's pretrained base."""),
-    code(r"""# Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
+# %% tags=["parameters"]
+# Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
 subsets = "easy,hard,all"
 modes = "only_true,mixed"
@@ -51,9 +48,13 @@ eval_n = 4
 eval_temperature = 1.0                         # the paper evaluates at 0.6; see notebook 01
 max_new_tokens = 96
 use_cpu = True
-bf16 = False""", metadata={"tags": ["parameters"]}),
-    md(r"""## Configuration"""),
-    code(r"""import json, shutil, time, warnings
+bf16 = False
+
+# %% [markdown]
+# ## Configuration
+
+# %%
+import json, shutil, time, warnings
 from pathlib import Path
 
 import pandas as pd
@@ -93,9 +94,13 @@ runs.write_run_metadata(run_path, {
     "base": dict(levels=base_level_list, error_rate=base_error_rate, lr=base_lr, epochs=base_epochs,
                  batch_size=base_batch_size)})
 print(f"run dir: {run_path}")
-print(f"{len(subset_list)} subsets x {len(mode_list)} modes x {len(seed_list)} seeds")"""),
-    md(r"""## Data: difficulty from measured pass rates, then the subsets"""),
-    code(r"""train, test = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, cfg.level_list)
+print(f"{len(subset_list)} subsets x {len(mode_list)} modes x {len(seed_list)} seeds")
+
+# %% [markdown]
+# ## Data: difficulty from measured pass rates, then the subsets
+
+# %%
+train, test = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, cfg.level_list)
 rates = teachers.teacher_pass_rates(spec, train, samples=pass_samples, seed=cfg.data_seed)
 buckets = selection.difficulty_buckets(rates, easy_above=easy_above)
 pool = teachers.source_samples(spec, train, pool_size, seed=cfg.data_seed)
@@ -114,15 +119,19 @@ data_table = pd.DataFrame(rows).set_index(["subset", "mode"])
 by_level = pd.DataFrame([{"level": s["level"], "hard": s["difficulty"] == "hard", "correct": s["verdict"]} for s in pool])
 print("share of hard problems and teacher accuracy per level:")
 display(by_level.groupby("level")[["hard", "correct"]].mean().style.format("{:.2f}"))
-display(data_table)"""),
-    md(r"""## The base model
-The starting point of every SFT run below: trained once on a noisy generalist teacher over `base_levels`.
+display(data_table)
 
-The tiny model learns the addition table in a sudden transition after a few hundred optimizer steps, and when
-depends on the initialisation and the tokenizer: the base gets 750 steps (batch 16) to be past it. At batch 32
-(375 steps) one of the two tokenizers tried left it at chance (15.6% against 50.4% at batch 16). The cell warns
-when the base has not learned the task."""),
-    code(r"""clock = time.perf_counter()
+# %% [markdown]
+# ## The base model
+# The starting point of every SFT run below: trained once on a noisy generalist teacher over `base_levels`.
+#
+# The tiny model learns the addition table in a sudden transition after a few hundred optimizer steps, and when
+# depends on the initialisation and the tokenizer: the base gets 750 steps (batch 16) to be past it. At batch 32
+# (375 steps) one of the two tokenizers tried left it at chance (15.6% against 50.4% at batch 16). The cell warns
+# when the base has not learned the task.
+
+# %%
+clock = time.perf_counter()
 runs.set_seed(cfg.seed)
 model0, tokenizer = models.model_for(cfg, teachers.corpus([spec], train))
 print(f"model: {cfg.model}, {models.count_parameters(model0):,} parameters, vocabulary {len(tokenizer)}")
@@ -143,9 +152,13 @@ if base_eval["avg_at_n"] < 0.3:
     warnings.warn(f"the base model answers only {base_eval['avg_at_n']:.1%} of test problems (chance is 10%): it has "
                   "not learned the task, and every ablation below starts from noise. Train it longer (base_epochs) "
                   "or with more steps (a smaller base_batch_size).")
-print(f"base: test avg@{cfg.eval_n} = {base_eval['avg_at_n']:.3f} ({time.perf_counter() - clock:.0f}s)")"""),
-    md(r"""## SFT: every subset × mode × seed"""),
-    code(r"""clock = time.perf_counter()
+print(f"base: test avg@{cfg.eval_n} = {base_eval['avg_at_n']:.3f} ({time.perf_counter() - clock:.0f}s)")
+
+# %% [markdown]
+# ## SFT: every subset × mode × seed
+
+# %%
+clock = time.perf_counter()
 with runs.MetricsWriter(run_path / "metrics.jsonl") as writer:
     for (subset, mode), samples in datasets_.items():
         for seed in seed_list:
@@ -158,10 +171,14 @@ with runs.MetricsWriter(run_path / "metrics.jsonl") as writer:
                           **{f"eval/level_{lvl}": v for lvl, v in r["by_level"].items()}})
             shutil.rmtree(out)
             print(f"{subset:>4}/{mode:<9} seed {seed}: {len(samples):>5} samples, test avg@{cfg.eval_n} = "
-                  f"{r['avg_at_n']:.3f} ({time.perf_counter() - clock:.0f}s)")"""),
-    md(r"""## What happened
-Test accuracy per subset, Only-True against Mixed (dots: seeds; lines: mean), and on the hardest level."""),
-    code(r"""df = plots.metrics_frame(run_path)
+                  f"{r['avg_at_n']:.3f} ({time.perf_counter() - clock:.0f}s)")
+
+# %% [markdown]
+# ## What happened
+# Test accuracy per subset, Only-True against Mixed (dots: seeds; lines: mean), and on the hardest level.
+
+# %%
+df = plots.metrics_frame(run_path)
 levels_ = sorted(c for c in df.columns if c.startswith("eval/level_"))
 fig = plots.plot_points(df, "subset", ["eval/avg_at_n", levels_[0], levels_[-1]], hue="mode",
                         out=run_path / "figures" / "accuracy_filtering.png", xlabel="training subset",
@@ -186,35 +203,30 @@ runs.write_summary(run_path, {
         "note": "The paper: filter incorrect traces on easy problems, keep them on hard ones. Subset `all` sits "
                 "beside the paper's Overall.",
     },
-})"""),
-    md(r"""## Beside the paper
-| | paper AIME24, Only-True vs Mixed | this notebook (tiny task, test avg@n) |
-|---|---|---|
-| Easy | 45.00 vs 40.22 (filter) | `easy` row of the table above |
-| Hard | 45.63 vs 47.29 (keep) | `hard` row |
-| Overall | 44.58 vs 42.92 | `all` row |
+})
 
-*What can and cannot carry over.* In the paper, an incorrect long-CoT trace on a hard problem still shows the
-student how to explore, check and backtrack, so dropping it loses more than it cleans. The tiny teacher's
-incorrect traces are correct procedures with random slips: dropping them costs data volume but each one kept
-teaches its slip. Whichever way the table above falls is the measured answer for this stand-in; the sentence to
-read next to it is whether Only-True's smaller hard subset or Mixed's noise dominates (compare `samples`).
+# %% [markdown]
+# ## Beside the paper
+# | | paper AIME24, Only-True vs Mixed | this notebook (tiny task, test avg@n) |
+# |---|---|---|
+# | Easy | 45.00 vs 40.22 (filter) | `easy` row of the table above |
+# | Hard | 45.63 vs 47.29 (keep) | `hard` row |
+# | Overall | 44.58 vs 42.92 | `all` row |
+#
+# *What can and cannot carry over.* In the paper, an incorrect long-CoT trace on a hard problem still shows the
+# student how to explore, check and backtrack, so dropping it loses more than it cleans. The tiny teacher's
+# incorrect traces are correct procedures with random slips: dropping them costs data volume but each one kept
+# teaches its slip. Whichever way the table above falls is the measured answer for this stand-in; the sentence to
+# read next to it is whether Only-True's smaller hard subset or Mixed's noise dominates (compare `samples`).
+#
+# Read `std` and `min`/`max` before reading an ordering into the means.
 
-Read `std` and `min`/`max` before reading an ordering into the means."""),
-    code(r"""# NBVAL_CHECK_OUTPUT
+# %%
+# NBVAL_CHECK_OUTPUT
 # Invariants of the run, printed in a form that is the same on every machine (nbval compares this output).
 print("run-dir contract complete:", not runs.check_run_dir(run_path))
-print("runs:", list(table.index.map("/".join)))
+print("every requested subset x mode ran:", sorted(table.index.map("/".join)) == sorted(f"{s}/{m}" for s in subset_list for m in mode_list))
 print("every run has every seed:", bool((table["seeds"] == len(seed_list)).all()))
 print("only_true data is all correct:", all(all(s["verdict"] for s in d) for (_, m), d in datasets_.items() if m == "only_true"))
 print("only_true never has more samples than mixed:", all(len(datasets_[(s, "only_true")]) <= len(datasets_[(s, "mixed")]) for s in subset_list))
-print("accuracies within [0, 1]:", bool(df["eval/avg_at_n"].between(0, 1).all()))"""),
-]
-
-SMOKE_CHECK = """run-dir contract complete: True
-runs: ['easy/only_true', 'easy/mixed', 'hard/only_true', 'hard/mixed']
-every run has every seed: True
-only_true data is all correct: True
-only_true never has more samples than mixed: True
-accuracies within [0, 1]: True
-"""
+print("accuracies within [0, 1]:", bool(df["eval/avg_at_n"].between(0, 1).all()))

@@ -1,40 +1,37 @@
-"""07 · Evaluation under the paper's protocol: checkpoints × benchmarks × response budgets, Table 1 beside."""
-from _common import code, md, write  # noqa: F401  (run through tools/build_notebooks.py)
+# %% [markdown]
+# # 07 · Evaluation under the paper's protocol
+#
+# Klear-Reasoner reports **avg@64** on AIME24, AIME25 and HMMT25 and **avg@8** on LiveCodeBench v5
+# (2024-08-01..2025-02-01) and v6 (2025-02-01..2025-05-01), sampling at T 0.6, top-p 0.95, top-k 20, repetition
+# penalty 1.05, with 32K response tokens, or 64K with YaRN (factor 2.5 over a 32K original context)
+# (`../shared/docs/klear_reference.md` §7). Math is judged by math-verify, a code sample is correct only if every
+# test passes. avg@n is an unbiased pass@1; its interval here is a 95% bootstrap over problems (the paper reports
+# none: with 30 problems per benchmark, one problem is 3.3 points).
+#
+# This notebook evaluates one or more checkpoints on chosen benchmarks at n samples and one or more response
+# budgets (`klear_lib.evaluation`: `benchmarks` loads and judges, `rollout` samples with vLLM or HF `generate`,
+# `evaluate` scores), and sets the result beside the paper's Table 1. Samples are written as they are generated:
+# rerunning with the same `run_dir` resumes an interrupted evaluation without redoing finished problems.
+#
+# Parameters in brief: `checkpoints` is a comma-separated list of `label=path-or-hub-name` pairs (e.g.
+# `SFT=outputs/x/sft/final,RL=Kwai-Klear/Klear-Reasoner-8B`), `benchmark_paths` a list of `name=path` pairs for
+# benchmarks read from local files (Klear's JSONL in either schema, LiveCodeBench's JSONL), `budgets` the
+# response-token budgets, `n` the samples per problem (0: the paper's), `engine` `hf` or `vllm`.
+#
+# **The tiny stand-in** (`tiny` preset): the two rows of Table 1 are the SFT model and the SFT model after RL
+# (Klear-Reasoner = SFT + GPPO RL). Here: the tiny SFT model (a teacher that errs on 20% of steps, as in notebooks
+# 03/04) and the same model after a short GPPO run, on the tiny task's held-out problems, at two response budgets
+# (the short one cuts the longest chains, as 32K cuts some of Klear's responses). The `gpu` preset evaluates
+# released checkpoints on the real benchmarks with vLLM.
+#
+# *Evaluation temperature.* The `gpu` and `paper` presets sample at the paper's T 0.6. The `tiny` preset samples at
+# T 1.0, the rollout temperature, as notebooks 03-06 do: the tiny SFT model learned the arithmetic from a teacher
+# that errs on 20% of steps, and T 0.6 already removes that noise (measured: avg@8 0.991 for the SFT model and
+# 0.990 after RL at 56 tokens), leaving nothing for the RL row to show. top-k 20 and the repetition penalty 1.05
+# stay as in the protocol.
 
-NAME = "07_evaluation"
-
-cells = [
-    md(r"""# 07 · Evaluation under the paper's protocol
-
-Klear-Reasoner reports **avg@64** on AIME24, AIME25 and HMMT25 and **avg@8** on LiveCodeBench v5
-(2024-08-01..2025-02-01) and v6 (2025-02-01..2025-05-01), sampling at T 0.6, top-p 0.95, top-k 20, repetition
-penalty 1.05, with 32K response tokens, or 64K with YaRN (factor 2.5 over a 32K original context)
-(`../shared/docs/klear_reference.md` §7). Math is judged by math-verify, a code sample is correct only if every
-test passes. avg@n is an unbiased pass@1; its interval here is a 95% bootstrap over problems (the paper reports
-none: with 30 problems per benchmark, one problem is 3.3 points).
-
-This notebook evaluates one or more checkpoints on chosen benchmarks at n samples and one or more response
-budgets (`klear_lib.evaluation`: `benchmarks` loads and judges, `rollout` samples with vLLM or HF `generate`,
-`evaluate` scores), and sets the result beside the paper's Table 1. Samples are written as they are generated:
-rerunning with the same `run_dir` resumes an interrupted evaluation without redoing finished problems.
-
-Parameters in brief: `checkpoints` is a comma-separated list of `label=path-or-hub-name` pairs (e.g.
-`SFT=outputs/x/sft/final,RL=Kwai-Klear/Klear-Reasoner-8B`), `benchmark_paths` a list of `name=path` pairs for
-benchmarks read from local files (Klear's JSONL in either schema, LiveCodeBench's JSONL), `budgets` the
-response-token budgets, `n` the samples per problem (0: the paper's), `engine` `hf` or `vllm`.
-
-**The tiny stand-in** (`tiny` preset): the two rows of Table 1 are the SFT model and the SFT model after RL
-(Klear-Reasoner = SFT + GPPO RL). Here: the tiny SFT model (a teacher that errs on 20% of steps, as in notebooks
-03/04) and the same model after a short GPPO run, on the tiny task's held-out problems, at two response budgets
-(the short one cuts the longest chains, as 32K cuts some of Klear's responses). The `gpu` preset evaluates
-released checkpoints on the real benchmarks with vLLM.
-
-*Evaluation temperature.* The `gpu` and `paper` presets sample at the paper's T 0.6. The `tiny` preset samples at
-T 1.0, the rollout temperature, as notebooks 03-06 do: the tiny SFT model learned the arithmetic from a teacher
-that errs on 20% of steps, and T 0.6 already removes that noise (measured: avg@8 0.991 for the SFT model and
-0.990 after RL at 56 tokens), leaving nothing for the RL row to show. top-k 20 and the repetition penalty 1.05
-stay as in the protocol."""),
-    code(r"""# Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
+# %% tags=["parameters"]
+# Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
 benchmarks = "tiny_arithmetic"                 # names in klear_lib.evaluation.benchmarks.BENCHMARKS
 benchmark_paths = ""                           # local files instead of the hub, e.g. Klear JSONL (format: see above)
@@ -71,9 +68,13 @@ eval_every = 5
 eval_n = 4
 use_vllm = False
 use_cpu = True
-bf16 = False""", metadata={"tags": ["parameters"]}),
-    md(r"""## Configuration"""),
-    code(r"""import contextlib, json, time
+bf16 = False
+
+# %% [markdown]
+# ## Configuration
+
+# %%
+import contextlib, json, time
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -128,22 +129,30 @@ runs.write_run_metadata(run_path, {"seed": seed, "benchmarks": bench_names, "ben
                                    "train_tiny": train_tiny, "tiny": base, "engine": engine, "n": n,
                                    "budgets": budget_list, "yarn_factor": yarn_factor,
                                    "original_context": original_context, "protocol": protocol, "limit": limit})
-print(f"run dir: {run_path}")"""),
-    md(r"""## The benchmarks
-Each loads through the same interface: the tiny task's held-out split (the same problems notebooks 03-06 score),
-or Klear's benchmark files / the hub (AIME, HMMT) and LiveCodeBench's windows."""),
-    code(r"""tiny_opts = {"seed": base.data_seed, "n_train": base.n_train, "n_heldout": base.n_heldout,
+print(f"run dir: {run_path}")
+
+# %% [markdown]
+# ## The benchmarks
+# Each loads through the same interface: the tiny task's held-out split (the same problems notebooks 03-06 score),
+# or Klear's benchmark files / the hub (AIME, HMMT) and LiveCodeBench's windows.
+
+# %%
+tiny_opts = {"seed": base.data_seed, "n_train": base.n_train, "n_heldout": base.n_heldout,
              "levels": tuple(base.level_list)}
 benches = {}
 for name in bench_names:
     opts = dict(tiny_opts) if name == "tiny_arithmetic" else {}
     benches[name] = B.load_benchmark(name, path=paths.get(name), limit=limit or None, **opts)
 display(pd.DataFrame([{"benchmark": b.name, "kind": b.kind, "problems": len(b.problems),
-                       "n": n or b.n, "source": b.source} for b in benches.values()]).set_index("benchmark"))"""),
-    md(r"""## Tiny checkpoints: SFT, then SFT + GPPO
-Skipped when `train_tiny` is false. The RL run is Klear's recipe at tiny scale (GPPO, ε 0.2/0.28, α 0.1); its
-own held-out curve (T 1.0) goes to `metrics.jsonl`."""),
-    code(r"""if train_tiny:
+                       "n": n or b.n, "source": b.source} for b in benches.values()]).set_index("benchmark"))
+
+# %% [markdown]
+# ## Tiny checkpoints: SFT, then SFT + GPPO
+# Skipped when `train_tiny` is false. The RL run is Klear's recipe at tiny scale (GPPO, ε 0.2/0.28, α 0.1); its
+# own held-out curve (T 1.0) goes to `metrics.jsonl`.
+
+# %%
+if train_tiny:
     from klear_lib.train.rl import run_rl
     from klear_lib.train.sft import arithmetic_warm_start
 
@@ -158,12 +167,17 @@ own held-out curve (T 1.0) goes to `metrics.jsonl`."""),
     print(f"tiny checkpoints ready in {time.perf_counter() - clock:.0f}s")
 else:
     (run_path / "metrics.jsonl").touch()
-print("checkpoints:", ckpts)"""),
-    md(r"""## Sampling and judging
-One engine per checkpoint (and per rope setting: YaRN only for budgets above `original_context`), closed before
-the next is built. Samples go to `samples/<checkpoint>/<budget>/<benchmark>.samples.jsonl` as they are
-generated; judged samples and scores beside them."""),
-    code(r"""def engine_options(yarn):
+print("checkpoints:", ckpts)
+
+
+# %% [markdown]
+# ## Sampling and judging
+# One engine per checkpoint (and per rope setting: YaRN only for budgets above `original_context`), closed before
+# the next is built. Samples go to `samples/<checkpoint>/<budget>/<benchmark>.samples.jsonl` as they are
+# generated; judged samples and scores beside them.
+
+# %%
+def engine_options(yarn):
     if engine == "hf":
         opts = {"dtype": torch.float32 if use_cpu else torch.bfloat16, "batch_size": batch_size}
         if not use_cpu:
@@ -197,12 +211,16 @@ with contextlib.ExitStack() as stack:
             finally:
                 eng.close()
                 del eng
-print(f"evaluation done in {time.perf_counter() - clock:.0f}s")"""),
-    md(r"""## Results
-avg@n with its 95% bootstrap interval per checkpoint, budget and benchmark; pass@k for every k ≤ n (how much
-more often *some* sample is right than a given one is); the share of samples that kept the format, and the judge's
-reasons."""),
-    code(r"""res = pd.DataFrame(rows)
+print(f"evaluation done in {time.perf_counter() - clock:.0f}s")
+
+# %% [markdown]
+# ## Results
+# avg@n with its 95% bootstrap interval per checkpoint, budget and benchmark; pass@k for every k ≤ n (how much
+# more often *some* sample is right than a given one is); the share of samples that kept the format, and the judge's
+# reasons.
+
+# %%
+res = pd.DataFrame(rows)
 res["cell"] = [f"{a:.3f} [{lo:.3f}, {hi:.3f}]" for a, lo, hi in zip(res.avg_at_n, res.ci_low, res.ci_high)]
 table = res.pivot_table(index=["checkpoint", "budget"], columns="benchmark", values="cell", aggfunc="first",
                         sort=False)
@@ -237,13 +255,17 @@ fig.savefig(run_path / "figures" / "evaluation.png", dpi=110)
 plt.show()
 if any("by_level" in r for r in rows):
     display(pd.DataFrame({f"{r['checkpoint']}@{r['budget']}": r["by_level"] for r in rows if "by_level" in r})
-            .rename_axis("level").style.format("{:.3f}"))"""),
-    md(r"""## Beside the paper (Table 1)
-Klear-Reasoner-8B and its SFT model (reference §7). The paper's rows map onto ours as: SFT model ↔ `SFT`,
-Klear-Reasoner-8B (SFT + GPPO RL) ↔ `SFT+RL`; 32K ↔ the shorter budget, 64K + YaRN ↔ the longer one. On the
-tiny task only the direction can be compared (RL above SFT; a longer budget never below a shorter one), not
-the numbers: the tasks differ."""),
-    code(r"""PAPER = pd.DataFrame(
+            .rename_axis("level").style.format("{:.3f}"))
+
+# %% [markdown]
+# ## Beside the paper (Table 1)
+# Klear-Reasoner-8B and its SFT model (reference §7). The paper's rows map onto ours as: SFT model ↔ `SFT`,
+# Klear-Reasoner-8B (SFT + GPPO RL) ↔ `SFT+RL`; 32K ↔ the shorter budget, 64K + YaRN ↔ the longer one. On the
+# tiny task only the direction can be compared (RL above SFT; a longer budget never below a shorter one), not
+# the numbers: the tasks differ.
+
+# %%
+PAPER = pd.DataFrame(
     {"AIME24": [75.6, 83.2, 90.5], "AIME25": [70.1, 75.6, 83.2], "HMMT25": [57.6, 60.3, 70.8],
      "LCB v5": [58.5, 61.6, 66.0], "LCB v6": [49.6, 53.1, 58.1]},
     index=["SFT model (as reported)", "Klear-Reasoner-8B, 32K", "Klear-Reasoner-8B, 64K + YaRN"])
@@ -273,28 +295,21 @@ for (ck, bud), orow in ours.iterrows():
     beside["rows"].append([f"ours: {ck} @ {bud} tokens", *[None] * len(PAPER.columns),
                            *[round(float(v), 2) for v in orow.tolist()]])
 runs.write_summary(run_path, {"results": rows, "checks": checks, "beside_paper": beside,
-                              "figures": ["figures/evaluation.png"]})"""),
-    md(r"""What the stand-in **cannot** show: anything about the real benchmarks' difficulty, long-context effects of
-YaRN (the tiny model's context is 512 positions), or code (the tiny RL model is an arithmetic model). The code
-path of this notebook (LiveCodeBench windows, the sandboxed all-tests judge) is exercised by
-`tests/test_benchmarks.py` and by the `gpu` preset."""),
-    code(r"""# NBVAL_CHECK_OUTPUT
+                              "figures": ["figures/evaluation.png"]})
+
+# %% [markdown]
+# What the stand-in **cannot** show: anything about the real benchmarks' difficulty, long-context effects of
+# YaRN (the tiny model's context is 512 positions), or code (the tiny RL model is an arithmetic model). The code
+# path of this notebook (LiveCodeBench windows, the sandboxed all-tests judge) is exercised by
+# `tests/test_benchmarks.py` and by the `gpu` preset.
+
+# %%
+# NBVAL_CHECK_OUTPUT
 # Invariants of the run, printed in a form that is the same on every machine (nbval compares this output).
 print("run-dir contract complete:", not runs.check_run_dir(run_path))
-print("checkpoints:", list(ckpts))
-print("rows (checkpoint x budget x benchmark):", len(rows))
+print("one row per checkpoint x budget x benchmark:", len(rows) == len({(r["checkpoint"], r["budget"], r["benchmark"]) for r in rows}) == len(budget_list) * len(benches) * len({r["checkpoint"] for r in rows}))
 print("every row has n samples per problem:", all(r["n"] == (n or benches[r["benchmark"]].n) for r in rows))
 print("intervals contain their estimate:", all(r["ci_low"] <= r["avg_at_n"] <= r["ci_high"] for r in rows))
 print("pass@k never falls with k:", all(np.all(np.diff(list(r["pass_at_k"].values())) >= -1e-12) for r in rows))
 print("samples written for every row:", all((run_path / "samples" / r["checkpoint"] / str(r["budget"]) /
-                                              f"{r['benchmark']}.samples.jsonl").is_file() for r in rows))"""),
-]
-
-SMOKE_CHECK = """run-dir contract complete: True
-checkpoints: ['SFT', 'SFT+RL']
-rows (checkpoint x budget x benchmark): 4
-every row has n samples per problem: True
-intervals contain their estimate: True
-pass@k never falls with k: True
-samples written for every row: True
-"""
+                                              f"{r['benchmark']}.samples.jsonl").is_file() for r in rows))

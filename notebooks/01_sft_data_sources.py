@@ -1,35 +1,32 @@
-"""01 · SFT data sources: Top-K sources at a fixed budget."""
-from _common import code, md, write  # noqa: F401  (run through tools/build_notebooks.py)
+# %% [markdown]
+# # 01 · SFT data sources: few good sources or many diverse ones?
+#
+# Klear-Reasoner's long-CoT SFT data comes from many sources. The report (arXiv 2508.07629, §3; the project's
+# `../shared/docs/klear_reference.md` §6) ranks the sources by quality, mixes the **Top-K** of them at a fixed
+# budget (31,600 math samples, chosen by K-center greedy for diversity) and finds that *a few high-quality sources
+# beat many diverse ones*:
+#
+# | paper (7B, math sources) | Top1 | Top2 | Top4 | Top6 | Top8 | Top10 |
+# |---|---|---|---|---|---|---|
+# | AIME24 | 40.83 | 37.71 | 37.29 | 33.96 | 29.38 | 30.42 |
+# | AIME25 | 36.04 | 31.86 | 29.79 | 29.17 | 28.96 | 30.63 |
+# | LCB v5 | 24.37 | 20.79 | 19.80 | 13.35 | 19.89 | 14.70 |
+#
+# **The pipeline** (`klear_lib.data.pipeline.prepare_pool`, then `klear_lib.data.selection`): 9-gram
+# decontamination against the evaluation problems, exact de-duplication inside each source, a quality score per source (validation accuracy
+# after a short SFT on that source alone), `top_k_sources` at a fixed budget with K-center greedy inside each
+# source (`k_center_pick`), then one SFT per K and seed, evaluated on held-out problems.
+#
+# **The tiny stand-in.** Seven synthetic teachers answer the modular-arithmetic task (`klear_lib.data.teachers`),
+# each with one measurable defect: few errors (`clean`), re-check lines (`verbose`), only easy levels (`narrow`),
+# skipped steps (`skipper`), accuracy that collapses with the level (`weak_on_hard`), a broken format in 30% of
+# responses (`messy_format`), 30% wrong steps (`sloppy`). A ≈1M-parameter Qwen3 is first trained into a *base*
+# that knows the task imperfectly (SFT on a teacher that errs on 20% of steps, as in notebook 03), standing in for
+# the paper's pretrained base model; every ablation run continues SFT from that base on the selected data. This
+# reproduces the mechanism (what dilution by weaker sources does at a fixed budget), not the paper's numbers.
 
-NAME = "01_sft_data_sources"
-
-cells = [
-    md(r"""# 01 · SFT data sources: few good sources or many diverse ones?
-
-Klear-Reasoner's long-CoT SFT data comes from many sources. The report (arXiv 2508.07629, §3; the project's
-`../shared/docs/klear_reference.md` §6) ranks the sources by quality, mixes the **Top-K** of them at a fixed
-budget (31,600 math samples, chosen by K-center greedy for diversity) and finds that *a few high-quality sources
-beat many diverse ones*:
-
-| paper (7B, math sources) | Top1 | Top2 | Top4 | Top6 | Top8 | Top10 |
-|---|---|---|---|---|---|---|
-| AIME24 | 40.83 | 37.71 | 37.29 | 33.96 | 29.38 | 30.42 |
-| AIME25 | 36.04 | 31.86 | 29.79 | 29.17 | 28.96 | 30.63 |
-| LCB v5 | 24.37 | 20.79 | 19.80 | 13.35 | 19.89 | 14.70 |
-
-**The pipeline** (`klear_lib.data.pipeline.prepare_pool`, then `klear_lib.data.selection`): 9-gram
-decontamination against the evaluation problems, exact de-duplication inside each source, a quality score per source (validation accuracy
-after a short SFT on that source alone), `top_k_sources` at a fixed budget with K-center greedy inside each
-source (`k_center_pick`), then one SFT per K and seed, evaluated on held-out problems.
-
-**The tiny stand-in.** Seven synthetic teachers answer the modular-arithmetic task (`klear_lib.data.teachers`),
-each with one measurable defect: few errors (`clean`), re-check lines (`verbose`), only easy levels (`narrow`),
-skipped steps (`skipper`), accuracy that collapses with the level (`weak_on_hard`), a broken format in 30% of
-responses (`messy_format`), 30% wrong steps (`sloppy`). A ≈1M-parameter Qwen3 is first trained into a *base*
-that knows the task imperfectly (SFT on a teacher that errs on 20% of steps, as in notebook 03), standing in for
-the paper's pretrained base model; every ablation run continues SFT from that base on the selected data. This
-reproduces the mechanism (what dilution by weaker sources does at a fixed budget), not the paper's numbers."""),
-    code(r"""# Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
+# %% tags=["parameters"]
+# Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
 sources = "clean,verbose,narrow,skipper,weak_on_hard,messy_format,sloppy"
 top_k = "1,2,4,7"                              # K values (the paper: 1, 2, 4, 6, 8, 10 of its sources)
@@ -53,11 +50,15 @@ eval_n = 4
 eval_temperature = 1.0                         # the paper evaluates at 0.6; see "Beside the paper"
 max_new_tokens = 128
 use_cpu = True
-bf16 = False""", metadata={"tags": ["parameters"]}),
-    md(r"""## Configuration
-One strict, typed config (`SFTExperimentConfig`); the run directory gets it, the sources' definitions, the
-package versions and the git commit."""),
-    code(r"""import json, random, shutil, time, warnings
+bf16 = False
+
+# %% [markdown]
+# ## Configuration
+# One strict, typed config (`SFTExperimentConfig`); the run directory gets it, the sources' definitions, the
+# package versions and the git commit.
+
+# %%
+import json, random, shutil, time, warnings
 from pathlib import Path
 
 import pandas as pd
@@ -96,17 +97,21 @@ runs.write_run_metadata(run_path, {
     "score_samples": score_samples, "base": dict(error_rate=base_error_rate, lr=base_lr, epochs=base_epochs,
                                                  batch_size=base_batch_size)})
 print(f"run dir: {run_path}")
-print(f"{len(source_names)} sources; K in {k_list} x {len(seed_list)} seeds, {budget} samples per run")"""),
-    md(r"""## Data: the sources, decontaminated and de-duplicated
-Training, validation and test problems come from one fixed split (no test or validation question is a training
-question). Each source answers `pool_per_source` training problems from the levels it covers.
+print(f"{len(source_names)} sources; K in {k_list} x {len(seed_list)} seeds, {budget} samples per run")
 
-*What de-duplication does here.* Levels 1 and 2 have only 30 and 270 distinct questions, and a careful teacher
-answers a question the same way every time, so its correct responses to easy questions collapse into a few
-copies while its errors, each different, survive: after exact de-duplication a source's share of correct
-responses is lower than its teacher's accuracy (the `teacher_correct` column). The kept pool leans to the
-hard levels, as the paper's SFT data does (88% hard)."""),
-    code(r"""train, held = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_val + cfg.n_heldout, cfg.level_list)
+# %% [markdown]
+# ## Data: the sources, decontaminated and de-duplicated
+# Training, validation and test problems come from one fixed split (no test or validation question is a training
+# question). Each source answers `pool_per_source` training problems from the levels it covers.
+#
+# *What de-duplication does here.* Levels 1 and 2 have only 30 and 270 distinct questions, and a careful teacher
+# answers a question the same way every time, so its correct responses to easy questions collapse into a few
+# copies while its errors, each different, survive: after exact de-duplication a source's share of correct
+# responses is lower than its teacher's accuracy (the `teacher_correct` column). The kept pool leans to the
+# hard levels, as the paper's SFT data does (88% hard).
+
+# %%
+train, held = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_val + cfg.n_heldout, cfg.level_list)
 val, test = held[:cfg.n_val], held[cfg.n_val:]
 raw = {name: teachers.source_samples(teachers.SOURCES[name], train, pool_per_source, seed=cfg.data_seed)
        for name in source_names}
@@ -114,16 +119,20 @@ pool, report = pipeline.prepare_pool(raw, [p.question for p in held])
 data_table = pd.DataFrame(report).set_index("source")
 data_table["levels"] = [",".join(map(str, teachers.SOURCES[s].levels)) for s in data_table.index]
 data_table["defect"] = [teachers.SOURCES[s].description for s in data_table.index]
-display(data_table.style.format({"teacher_correct": "{:.2f}"}))"""),
-    md(r"""## The base model
-The starting point of every SFT run below: trained once on a noisy generalist teacher, so it knows the task's
-format and most of the arithmetic (the paper starts from a pretrained base).
+display(data_table.style.format({"teacher_correct": "{:.2f}"}))
 
-The tiny model learns the addition table in a sudden transition after a few hundred optimizer steps, and when
-depends on the initialisation and the tokenizer: the base gets 750 steps (batch 16) to be past it. At batch 32
-(375 steps) one of the two tokenizers tried left it at chance (15.6% against 50.4% at batch 16). The cell warns
-when the base has not learned the task."""),
-    code(r"""clock = time.perf_counter()
+# %% [markdown]
+# ## The base model
+# The starting point of every SFT run below: trained once on a noisy generalist teacher, so it knows the task's
+# format and most of the arithmetic (the paper starts from a pretrained base).
+#
+# The tiny model learns the addition table in a sudden transition after a few hundred optimizer steps, and when
+# depends on the initialisation and the tokenizer: the base gets 750 steps (batch 16) to be past it. At batch 32
+# (375 steps) one of the two tokenizers tried left it at chance (15.6% against 50.4% at batch 16). The cell warns
+# when the base has not learned the task.
+
+# %%
+clock = time.perf_counter()
 runs.set_seed(cfg.seed)
 model0, tokenizer = models.model_for(cfg, teachers.corpus([teachers.SOURCES[s] for s in source_names], train))
 print(f"model: {cfg.model}, {models.count_parameters(model0):,} parameters, vocabulary {len(tokenizer)}")
@@ -144,11 +153,15 @@ if base_eval["avg_at_n"] < 0.3:
                   "not learned the task, and every ablation below starts from noise. Train it longer (base_epochs) "
                   "or with more steps (a smaller base_batch_size).")
 print(f"base: test avg@{cfg.eval_n} = {base_eval['avg_at_n']:.3f}, format {base_eval['format_rate']:.2f} "
-      f"({time.perf_counter() - clock:.0f}s)")"""),
-    md(r"""## Scoring the sources
-A short SFT from the base on `score_samples` responses of one source alone; the score is validation avg@n
-(validation problems, never the test ones). The ranking that `top_k_sources` uses is this score's."""),
-    code(r"""clock = time.perf_counter()
+      f"({time.perf_counter() - clock:.0f}s)")
+
+# %% [markdown]
+# ## Scoring the sources
+# A short SFT from the base on `score_samples` responses of one source alone; the score is validation avg@n
+# (validation problems, never the test ones). The ranking that `top_k_sources` uses is this score's.
+
+# %%
+clock = time.perf_counter()
 scores = {}
 writer = runs.MetricsWriter(run_path / "metrics.jsonl")
 for name in source_names:
@@ -163,12 +176,16 @@ for name in source_names:
     shutil.rmtree(run_path / "models" / f"score_{name}")  # keep the numbers, not 19 model copies
 ranking = selection.rank_sources(scores)
 print(f"scored {len(scores)} sources in {time.perf_counter() - clock:.0f}s")
-display(pd.DataFrame({"score (val avg@n)": scores}).loc[ranking].style.format("{:.3f}"))"""),
-    md(r"""## Top-K at a fixed budget
-For each K and seed: `top_k_sources` takes an equal share of the budget from each of the K best sources
-(K-center greedy inside each), one SFT from the base, test avg@n. Every record goes to `metrics.jsonl` as it is
-measured."""),
-    code(r"""clock = time.perf_counter()
+display(pd.DataFrame({"score (val avg@n)": scores}).loc[ranking].style.format("{:.3f}"))
+
+# %% [markdown]
+# ## Top-K at a fixed budget
+# For each K and seed: `top_k_sources` takes an equal share of the budget from each of the K best sources
+# (K-center greedy inside each), one SFT from the base, test avg@n. Every record goes to `metrics.jsonl` as it is
+# measured.
+
+# %%
+clock = time.perf_counter()
 for k in k_list:
     for seed in seed_list:
         chosen = selection.top_k_sources(pool, scores, k, budget, seed=seed, pick=PICKS[selection_rule])
@@ -184,10 +201,14 @@ for k in k_list:
         shutil.rmtree(out)
         print(f"top{k} seed {seed}: test avg@{cfg.eval_n} = {r['avg_at_n']:.3f} "
               f"({time.perf_counter() - clock:.0f}s)")
-writer.close()"""),
-    md(r"""## What happened
-Test accuracy per K (dots: seeds; line: mean), with the format rate and the accuracy on the hardest level."""),
-    code(r"""df = plots.metrics_frame(run_path)
+writer.close()
+
+# %% [markdown]
+# ## What happened
+# Test accuracy per K (dots: seeds; line: mean), with the format rate and the accuracy on the hardest level.
+
+# %%
+df = plots.metrics_frame(run_path)
 topk = df[df["stage"] == "top_k"].copy()
 levels_ = sorted(c for c in topk.columns if c.startswith("eval/level_"))
 fig = plots.plot_points(topk, "variant", ["eval/avg_at_n", "eval/format_rate", levels_[-1], "teacher_correct"],
@@ -218,41 +239,36 @@ runs.write_summary(run_path, {
     "base_avg_at_n": base_eval["avg_at_n"], "scores": scores, "ranking": ranking,
     "top_k": json.loads(table.to_json(orient="index")), "data": json.loads(data_table.to_json(orient="index")),
     "figures": ["figures/top_k.png"], "beside_paper": beside_paper(table),
-})"""),
-    md(r"""## Beside the paper
-| | paper (AIME24, 7B) | this notebook (tiny task, test avg@n) |
-|---|---|---|
-| Top1 | 40.83 | `top1` above |
-| Top2 | 37.71 | `top2` |
-| Top4 | 37.29 | `top4` |
-| Top6 / all | 33.96 (Top6), 30.42 (Top10) | `top7` (all seven sources) |
+})
 
-*Why the direction can appear here.* At a fixed budget every lower-ranked source added displaces samples of the
-best ones, and a student imitates what it is shown: at temperature 1.0 it reproduces its teachers' error rates,
-format breaks and skipped steps in proportion to their share. Diversity can only win where the best source
-lacks coverage; the `narrow` source shows what missing coverage costs on the levels it never saw.
+# %% [markdown]
+# ## Beside the paper
+# | | paper (AIME24, 7B) | this notebook (tiny task, test avg@n) |
+# |---|---|---|
+# | Top1 | 40.83 | `top1` above |
+# | Top2 | 37.71 | `top2` |
+# | Top4 | 37.29 | `top4` |
+# | Top6 / all | 33.96 (Top6), 30.42 (Top10) | `top7` (all seven sources) |
+#
+# *Why the direction can appear here.* At a fixed budget every lower-ranked source added displaces samples of the
+# best ones, and a student imitates what it is shown: at temperature 1.0 it reproduces its teachers' error rates,
+# format breaks and skipped steps in proportion to their share. Diversity can only win where the best source
+# lacks coverage; the `narrow` source shows what missing coverage costs on the levels it never saw.
+#
+# *Evaluation temperature.* The paper evaluates at T 0.6. Here T 1.0: at 0.6 sampling removes most imitated noise
+# (the mode of a noisy teacher's answer is still right), which hides the difference between teachers that this
+# notebook is about.
+#
+# What the stand-in cannot show: the paper's absolute numbers; sources that differ in what they know rather than
+# in how carefully they write it down; anything about a 7B model's capacity to absorb diverse styles. Read `std`
+# and `min`/`max` before reading an ordering into the means.
 
-*Evaluation temperature.* The paper evaluates at T 0.6. Here T 1.0: at 0.6 sampling removes most imitated noise
-(the mode of a noisy teacher's answer is still right), which hides the difference between teachers that this
-notebook is about.
-
-What the stand-in cannot show: the paper's absolute numbers; sources that differ in what they know rather than
-in how carefully they write it down; anything about a 7B model's capacity to absorb diverse styles. Read `std`
-and `min`/`max` before reading an ordering into the means."""),
-    code(r"""# NBVAL_CHECK_OUTPUT
+# %%
+# NBVAL_CHECK_OUTPUT
 # Invariants of the run, printed in a form that is the same on every machine (nbval compares this output).
 print("run-dir contract complete:", not runs.check_run_dir(run_path))
 print("every source scored:", sorted(scores) == sorted(source_names))
-print("K values:", list(table.index))
+print("every requested K ran:", sorted(table.index) == sorted(f"top{k}" for k in k_list))
 print("every K has every seed:", bool((table["seeds"] == len(seed_list)).all()))
 print("every run had the full budget:", bool((topk["samples"] == budget).all()))
-print("accuracies within [0, 1]:", bool(topk["eval/avg_at_n"].between(0, 1).all()))"""),
-]
-
-SMOKE_CHECK = """run-dir contract complete: True
-every source scored: True
-K values: ['top1', 'top3']
-every K has every seed: True
-every run had the full budget: True
-accuracies within [0, 1]: True
-"""
+print("accuracies within [0, 1]:", bool(topk["eval/avg_at_n"].between(0, 1).all()))

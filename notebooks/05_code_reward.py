@@ -1,29 +1,26 @@
-"""05 · Code reward: soft vs hard (vs signed)."""
-from _common import code, md, write  # noqa: F401  (run through tools/build_notebooks.py)
+# %% [markdown]
+# # 05 · Code reward: soft (pass rate) vs hard (all tests) vs signed
+#
+# Klear-Reasoner rewards code by running the model's program against up to 16 test cases in a sandbox
+# (Klear-Reasoner report, arXiv 2508.07629; `../shared/docs/klear_reference.md` §5 in the project's docs):
+#
+# $$ r_{\text{soft}} = \frac{\#\text{passed}}{\#\text{tests}}, \qquad
+#    r_{\text{hard}} = \mathbb{1}[\#\text{passed} = \#\text{tests}], \qquad
+#    r_{\text{signed}} = 2\,r_{\text{soft}} - 1 \;\text{(the released code)} $$
+#
+# The paper's soft reward beats the all-or-nothing one on LiveCodeBench v5 (61.0 vs 59.2 after 100 steps at
+# 16K): partially right programs still carry signal. `signed` is an affine map of `soft` (failures included:
+# soft scores a format failure 0, signed −1 = 2·0 − 1), which GRPO's group normalisation removes, so the two must
+# give the same run, step for step: a check of the pipeline, not an ablation. Only a failure score off that map
+# (a format penalty) would separate them.
+#
+# **The tiny stand-in.** A ≈1M-parameter Qwen3 learns, by SFT on a teacher that gets each branch wrong 30% of
+# the time, to write `f(x) = x + a` for even and `x + b` for odd inputs from four examples. The 16 hidden tests
+# are half even, half odd, so a program with one branch right passes half: partial credit. Every program runs in
+# the bubblewrap sandbox (`klear_lib.rewards.sandbox`) through a process pool (`klear_lib.rewards.pool`).
 
-NAME = "05_code_reward"
-
-cells = [
-    md(r"""# 05 · Code reward: soft (pass rate) vs hard (all tests) vs signed
-
-Klear-Reasoner rewards code by running the model's program against up to 16 test cases in a sandbox
-(Klear-Reasoner report, arXiv 2508.07629; `../shared/docs/klear_reference.md` §5 in the project's docs):
-
-$$ r_{\text{soft}} = \frac{\#\text{passed}}{\#\text{tests}}, \qquad
-   r_{\text{hard}} = \mathbb{1}[\#\text{passed} = \#\text{tests}], \qquad
-   r_{\text{signed}} = 2\,r_{\text{soft}} - 1 \;\text{(the released code)} $$
-
-The paper's soft reward beats the all-or-nothing one on LiveCodeBench v5 (61.0 vs 59.2 after 100 steps at
-16K): partially right programs still carry signal. `signed` is an affine map of `soft` (failures included:
-soft scores a format failure 0, signed −1 = 2·0 − 1), which GRPO's group normalisation removes, so the two must
-give the same run, step for step: a check of the pipeline, not an ablation. Only a failure score off that map
-(a format penalty) would separate them.
-
-**The tiny stand-in.** A ≈1M-parameter Qwen3 learns, by SFT on a teacher that gets each branch wrong 30% of
-the time, to write `f(x) = x + a` for even and `x + b` for odd inputs from four examples. The 16 hidden tests
-are half even, half odd, so a program with one branch right passes half: partial credit. Every program runs in
-the bubblewrap sandbox (`klear_lib.rewards.sandbox`) through a process pool (`klear_lib.rewards.pool`)."""),
-    code(r"""# Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
+# %% tags=["parameters"]
+# Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
 reward_modes = "soft,hard,signed"
 seeds = "0,1,2"
@@ -48,15 +45,19 @@ reward_workers = 2
 test_timeout_s = 2.0
 use_vllm = False
 use_cpu = True
-bf16 = False""", metadata={"tags": ["parameters"]}),
-    md(r"""## Configuration
-One strict config for the shared recipe; each reward mode is a separate run that changes only the reward.
+bf16 = False
 
-*Group filter.* Klear keeps a group only if its *fully correct* indicator varies. With the soft reward that
-drops every group in which no program passes all tests, even when pass rates differ, which is exactly the
-partial signal this ablation is about; this notebook therefore filters with DAPO's rule (keep a group whose
-rewards vary) by default. `filter_rule="klear"` gives Klear's rule."""),
-    code(r"""import json, random, time
+# %% [markdown]
+# ## Configuration
+# One strict config for the shared recipe; each reward mode is a separate run that changes only the reward.
+#
+# *Group filter.* Klear keeps a group only if its *fully correct* indicator varies. With the soft reward that
+# drops every group in which no program passes all tests, even when pass rates differ, which is exactly the
+# partial signal this ablation is about; this notebook therefore filters with DAPO's rule (keep a group whose
+# rewards vary) by default. `filter_rule="klear"` gives Klear's rule.
+
+# %%
+import json, random, time
 from pathlib import Path
 
 import pandas as pd
@@ -93,9 +94,13 @@ run_path.mkdir(parents=True, exist_ok=True)
 runs.write_run_metadata(run_path, {"base": base, "reward_modes": chosen, "seeds": seed_list,
                                    "reward_workers": reward_workers, "test_timeout_s": test_timeout_s})
 print(f"run dir: {run_path}")
-print(f"{len(chosen)} reward modes x {len(seed_list)} seeds; {base.max_steps} optimizer steps per run")"""),
-    md(r"""## SFT warm start (shared by every run)"""),
-    code(r"""clock = time.perf_counter()
+print(f"{len(chosen)} reward modes x {len(seed_list)} seeds; {base.max_steps} optimizer steps per run")
+
+# %% [markdown]
+# ## SFT warm start (shared by every run)
+
+# %%
+clock = time.perf_counter()
 runs.set_seed(base.seed)
 train, heldout = tasks.make_code_splits(base.data_seed, base.n_train, base.n_heldout)
 model0, tokenizer = models.model_for(base, tasks.code_corpus(train))
@@ -115,11 +120,15 @@ evaluate = lambda m: evaluate_code_heldout(m, tokenizer, heldout, pool, n=base.e
                                            max_new_tokens=base.max_completion_length)
 start = evaluate(model0)
 print(f"SFT start: all-tests avg@{start['n']} = {start['avg_at_n']:.3f}, pass rate {start['pass_rate']:.3f}, "
-      f"format {start['format_rate']:.2f} ({time.perf_counter() - clock:.0f}s)")"""),
-    md(r"""## RL: every reward mode × every seed
-GPPO (the Klear recipe) throughout; only the reward changes. Rewards are computed in the sandbox pool; the
-reasons (`all_passed`, `some_passed`, `none_passed`, `no_code`, ...) are counted per run."""),
-    code(r"""clock = time.perf_counter()
+      f"format {start['format_rate']:.2f} ({time.perf_counter() - clock:.0f}s)")
+
+# %% [markdown]
+# ## RL: every reward mode × every seed
+# GPPO (the Klear recipe) throughout; only the reward changes. Rewards are computed in the sandbox pool; the
+# reasons (`all_passed`, `some_passed`, `none_passed`, `no_code`, ...) are counted per run.
+
+# %%
+clock = time.perf_counter()
 reason_counts = {}
 with runs.MetricsWriter(run_path / "metrics.jsonl") as writer:
     for mode in chosen:
@@ -135,16 +144,22 @@ with runs.MetricsWriter(run_path / "metrics.jsonl") as writer:
             reason_counts[(mode, seed)] = dict(reward.reason_counts)
 pool.close()
 print(f"RL done in {time.perf_counter() - clock:.0f}s")
-display(pd.DataFrame(reason_counts).T.fillna(0).astype(int))"""),
-    md(r"""## What happened
-All-tests accuracy (avg@n: a sample counts only if every test passes, as the paper evaluates code), mean pass
-rate, rollout reward (each mode on its own scale), entropy, the clip fractions, and the gradient norm. Mean over
-seeds, bands ±1 std."""),
-    code(r"""df = plots.metrics_frame(run_path)
+display(pd.DataFrame(reason_counts).T.fillna(0).astype(int))
+
+# %% [markdown]
+# ## What happened
+# All-tests accuracy (avg@n: a sample counts only if every test passes, as the paper evaluates code), mean pass
+# rate, rollout reward (each mode on its own scale), entropy, the clip fractions, and the gradient norm. Mean over
+# seeds, bands ±1 std.
+
+# %%
+df = plots.metrics_frame(run_path)
 fig = plots.plot_curves(df, ["eval/avg_at_n", "eval/pass_rate", "reward", "entropy", "actor/pg_clipfrac_low",
                              "grad_norm"], out=run_path / "figures" / "code_reward.png",
-                        title="Code reward modes (mean ± std over seeds)")"""),
-    code(r"""table = plots.final_table(df)
+                        title="Code reward modes (mean ± std over seeds)")
+
+# %%
+table = plots.final_table(df)
 ev = df.dropna(subset=["eval/pass_rate"]).sort_values("step")
 table["final_pass_rate"] = ev.groupby(["variant", "seed"])["eval/pass_rate"].last().groupby(level=0).mean()
 display(table.style.format("{:.4f}"))
@@ -158,27 +173,24 @@ runs.write_summary(run_path, {"sft_start": start, "modes": json.loads(table.to_j
               round(100 * r["final_std"], 2), round(100 * r["final_pass_rate"], 2), int(r["seeds"])]
              for m, r in table.iterrows()],
     "note": "The paper: the soft reward (fraction of tests passed) beats the hard one (all tests or nothing).",
-}})"""),
-    md(r"""## Beside the paper
-| | paper (LiveCodeBench v5, 16K, 100 steps) | this notebook (tiny task, all-tests avg@n) |
-|---|---|---|
-| soft reward | 61.0 | `final` of `soft` above |
-| hard reward | 59.2 | `final` of `hard` above |
+}})
 
-What the tiny stand-in can show: whether partial credit speeds learning when fully right programs are rare at
-the start, and what the reward reasons look like. What it cannot: the paper's numbers, long programs, real
-test suites. Read `delta_min` and `final_std` before reading an ordering into the means."""),
-    code(r"""# NBVAL_CHECK_OUTPUT
+# %% [markdown]
+# ## Beside the paper
+# | | paper (LiveCodeBench v5, 16K, 100 steps) | this notebook (tiny task, all-tests avg@n) |
+# |---|---|---|
+# | soft reward | 61.0 | `final` of `soft` above |
+# | hard reward | 59.2 | `final` of `hard` above |
+#
+# What the tiny stand-in can show: whether partial credit speeds learning when fully right programs are rare at
+# the start, and what the reward reasons look like. What it cannot: the paper's numbers, long programs, real
+# test suites. Read `delta_min` and `final_std` before reading an ordering into the means.
+
+# %%
+# NBVAL_CHECK_OUTPUT
 # Invariants of the run, printed in a form that is the same on every machine (nbval compares this output).
 print("run-dir contract complete:", not runs.check_run_dir(run_path))
-print("reward modes:", list(table.index))
+print("every requested reward mode ran:", sorted(table.index) == sorted(chosen))
 print("every mode has a start and a final evaluation for every seed:", bool((table["seeds"] == len(seed_list)).all()))
 print("pass rate within [0, 1]:", bool(df["eval/pass_rate"].dropna().between(0, 1).all()))
-print("every reward was judged with a reason:", all(sum(c.values()) > 0 for c in reason_counts.values()))"""),
-]
-SMOKE_CHECK = """run-dir contract complete: True
-reward modes: ['soft', 'hard']
-every mode has a start and a final evaluation for every seed: True
-pass rate within [0, 1]: True
-every reward was judged with a reason: True
-"""
+print("every reward was judged with a reason:", all(sum(c.values()) > 0 for c in reason_counts.values()))
