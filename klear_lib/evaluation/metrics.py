@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter
+from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 import numpy as np
@@ -132,6 +133,31 @@ def _parse_answer(text: str, seconds: int):
     return found
 
 
+@dataclass
+class _Class:
+    """One equivalence class of answers: its representative (the first member) and its votes."""
+
+    text: str  # what was parsed: the answer, or the answer inside \\boxed{}
+    parsed: list  # math-verify's parse of ``text``
+    written: str  # the answer as the sample wrote it
+    votes: int = 0
+
+
+def _join(answer: str, classes: list[_Class], seconds: int) -> _Class | None:
+    """The class ``answer`` belongs to: the first whose representative verifies equal to it, else a new one
+    appended to ``classes``; None when the answer cannot be parsed at all."""
+    from math_verify import verify
+
+    parsed = _parse_answer(answer, seconds)
+    if parsed is None:
+        return None
+    for c in classes:
+        if verify(c.parsed, parsed[1], timeout_seconds=seconds):  # a timeout or an error reads as "not equal"
+            return c
+    classes.append(_Class(*parsed, written=answer))
+    return classes[-1]
+
+
 def math_majority(answers: Sequence[str | None], gold: str, *, timeout_s: float = 5.0) -> RewardResult:
     """The majority answer of one problem by math-verify equivalence, judged against ``gold``.
 
@@ -146,44 +172,34 @@ def math_majority(answers: Sequence[str | None], gold: str, *, timeout_s: float 
     judge's (``no_answer`` when nothing voted); ``detail`` says how many votes the winner had, and which answer.
     Every parse and comparison is bounded by ``timeout_s`` (math-verify's SIGALRM): main thread only.
     """
-    from math_verify import verify
-
     from klear_lib.rewards.math import score_math
 
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("math_majority needs a process's main thread (math-verify's timeouts are SIGALRM); "
                            "run it through a RewardPool from other threads")
     seconds = max(1, math.ceil(timeout_s))
-    reps: list[tuple[str, list]] = []  # (text, parsed) of each class's representative
-    counts: list[int] = []
-    by_text: dict[str, int] = {}  # every answer text seen -> its class (None: unparseable)
+    classes: list[_Class] = []
+    class_of: dict[str, _Class | None] = {}  # each distinct answer text is parsed and compared once
     best, votes = None, 0
     for a in answers:
         if a is None:
             continue
-        if a not in by_text:
-            by_text[a] = None
-            parsed = _parse_answer(a, seconds)
-            if parsed is not None:
-                same = (j for j, (_, rep) in enumerate(reps) if verify(rep, parsed[1], timeout_seconds=seconds))
-                by_text[a] = next(same, len(reps))
-                if by_text[a] == len(reps):
-                    reps.append(parsed)
-                    counts.append(0)
-        j = by_text[a]
-        if j is None:
+        if a not in class_of:
+            class_of[a] = _join(a, classes, seconds)
+        c = class_of[a]
+        if c is None:
             continue
+        c.votes += 1
         votes += 1
-        counts[j] += 1
-        if best is None or counts[j] > counts[best]:
-            best = j
+        if best is None or c.votes > best.votes:  # strictly more: a tie stays with the class that got there first
+            best = c
     if best is None:
         return RewardResult(0.0, "no_answer", detail=f"no answer among {len(answers)} samples")
-    text = reps[best][0]
-    verdict = score_math(text, gold, format_rule="none", timeout_s=timeout_s)
-    shown = text if len(text) <= 80 else "..." + text[-77:]
+    verdict = score_math(best.text, gold, format_rule="none", timeout_s=timeout_s)
+    shown = best.written.strip()
+    shown = shown if len(shown) <= 80 else "..." + shown[-77:]
     return RewardResult(float(verdict.reason == "correct"), verdict.reason,
-                        detail=f"{counts[best]} of {votes} votes: {shown}")
+                        detail=f"{best.votes} of {votes} votes: {shown}")
 
 
 def math_maj_at_k(answers: Sequence[Sequence[str | None]], gold: Sequence[str], k: int, *, pool=None,
