@@ -21,14 +21,21 @@ import pytest  # noqa: E402
 
 from klear_lib.data import tasks  # noqa: E402
 from klear_lib.data.hub import SchemaError, aime_row, hmmt_row, lcb_row, write_jsonl  # noqa: E402
+from klear_lib.evaluation import benchmarks  # noqa: E402
 from klear_lib.evaluation.benchmarks import (  # noqa: E402
     BENCHMARKS,
+    CODE_JUDGE,
     LCB_IMPORTS,
     MATH_INSTRUCTION,
+    MATH_JUDGE,
+    BenchmarkSpec,
+    BenchProblem,
     judge,
     judge_fn,
     judge_items,
     load_benchmark,
+    open_judge_pool,
+    register_benchmark,
 )
 from klear_lib.rewards.code import score_code  # noqa: E402
 from klear_lib.rewards.math import score_math  # noqa: E402
@@ -254,6 +261,45 @@ def test_judge_tiny_arithmetic_teacher_is_right_and_wrong_answers_are_wrong():
     assert not wrong.any() and {r for row in reasons for r in row} == {"wrong"}
     assert judge_fn(bench) is score_math
     assert judge_items(bench, good)[0] == {"response": good[0][0], "gold": str(heldout[0].answer)}
+
+
+# --- the registry: each benchmark owns its judging ---------------------------------------------------------------
+
+def _two_problems(name, path):
+    tests = [{"input": "2\n", "output": "4\n"}]
+    return [BenchProblem(f"{name}-{i}", [{"role": "user", "content": "double it"}], "code", tests=tests * (i + 1))
+            for i in range(2)], "inline"
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """A private copy of the registry, so that what a test registers is gone after it."""
+    monkeypatch.setattr(benchmarks, "BENCHMARKS", dict(BENCHMARKS))
+    return benchmarks.BENCHMARKS
+
+
+def test_a_registered_benchmark_brings_its_judge_and_prelude(registry):
+    spec = register_benchmark(BenchmarkSpec("doubling", CODE_JUDGE, 4, _two_problems, (), False, prelude="X = 1\n"))
+    assert registry["doubling"] is spec and "doubling" not in BENCHMARKS
+    bench = load_benchmark("doubling")
+    assert (bench.kind, bench.n, bench.source, bench.prelude) == ("code", 4, "inline", "X = 1\n")
+    assert judge_fn(bench) is score_code
+    item = judge_items(bench, [[respond("print(2 * int(input()))")], ["x"]])[0]
+    assert item["response"].endswith("```python\nX = 1\nprint(2 * int(input()))\n```\n")  # the spec's prelude
+    assert (item["mode"], item["max_tests"]) == ("hard", 1)
+    with pytest.raises(ValueError, match="'doubling' is already registered"):
+        register_benchmark(spec)
+    assert register_benchmark(BenchmarkSpec("doubling", MATH_JUDGE, 2, _two_problems, (), False),
+                              replace=True).kind == "math"
+
+
+def test_judge_pools_are_set_up_by_the_benchmark(registry):
+    register_benchmark(BenchmarkSpec("doubling", CODE_JUDGE, 4, _two_problems, (), False))
+    with open_judge_pool(load_benchmark("doubling"), workers=1, timeout_s=2.0) as pool:
+        # every test of the largest problem (2) at the judge's 2 s + 1 s each, plus 10 s for the sandbox
+        assert (pool.score_fn, pool.timeout_s, pool.group_key) == (score_code, 2 * 3.0 + 10.0, None)
+    with open_judge_pool(load_benchmark("tiny_arithmetic", limit=1), workers=1) as pool:
+        assert (pool.score_fn, pool.group_key) == (score_math, "gold")
 
 
 # --- errors ----------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""klear_lib.evaluation.evaluate: scores by hand, and sample -> judge -> score end to end with the real judge."""
+"""klear_lib.evaluation.evaluate: scores by hand, and sample -> judge -> score end to end with the real judge;
+maj@n by math-verify equivalence, and a benchmark with a judge of its own evaluated without evaluate.py knowing."""
 
 import json
 import random
@@ -8,7 +9,9 @@ import pytest
 
 from klear_lib.data import tasks
 from klear_lib.evaluation import benchmarks
+from klear_lib.evaluation.benchmarks import MATH_JUDGE, BenchmarkSpec, BenchProblem, Judge, register_benchmark
 from klear_lib.evaluation.evaluate import evaluate_benchmark, ks_up_to, score
+from klear_lib.rewards.result import RewardResult
 from klear_lib.rollout import SamplingConfig
 
 
@@ -30,6 +33,10 @@ def test_scores_by_hand():
     assert s["maj_at_n"] == pytest.approx(0.5)
     assert s["ci_low"] <= s["avg_at_n"] <= s["ci_high"]
     assert s["reasons"] == {"correct": 3, "wrong": 3, "no_think_close": 1, "no_answer": 1}
+    # maj@n is by math-verify equivalence: 3/1 and 6/2 outvote 5 and 1 although no two strings agree
+    assert score(correct, reasons, answers=[["3", "4", "3", "3"], ["3/1", "5", "6/2", "1"]],
+                 gold=["3", "3"])["maj_at_n"] == 1.0
+    assert "maj_at_n" not in score(correct, reasons)
 
 
 class Scripted:
@@ -126,3 +133,77 @@ def test_evaluation_with_the_real_vllm_engine(tmp_path, monkeypatch):
                                   progress=False)["reasons"] == res["reasons"]
     finally:
         eng.close()
+
+
+class Canned:
+    """An engine that answers each prompt with the completions given for its text, in order."""
+
+    name = "canned"
+
+    def __init__(self, replies: dict[str, list[str]]):
+        self.replies = replies
+
+    def generate(self, prompts, sampling, *, seed=None):
+        return [self.replies[msgs[-1]["content"]][:sampling.n] for msgs in prompts]
+
+
+def _inline_loader(rows):
+    """A benchmark loader over (prompt, answer) pairs."""
+    def load(name, path):
+        return [BenchProblem(f"{name}-{i}", [{"role": "user", "content": q}], "math", answer=a)
+                for i, (q, a) in enumerate(rows)], "inline"
+    return load
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    monkeypatch.setattr(benchmarks, "BENCHMARKS", dict(benchmarks.BENCHMARKS))
+
+
+def test_math_maj_at_n_votes_by_equivalence_and_format_failures_do_not_vote(tmp_path, registry):
+    hmmt, half = r"\frac{9\sqrt{23}}{23}", "0.5"
+    register_benchmark(BenchmarkSpec("fractions", MATH_JUDGE, 5, _inline_loader([("p0", hmmt), ("p1", half)]),
+                                     (), False))
+    say = "<think>w</think> The answer is $\\boxed{{{}}}$.".format
+    replies = {
+        # the class of 9/sqrt(23) reaches two votes before "2" does; the unformatted "2" would break the tie
+        "p0": [say(r"\frac{9}{\sqrt{23}}"), say("2"), say(r"\dfrac{9\sqrt{23}}{23}"), say("2"), r"\boxed{2}"],
+        "p1": [say(r"\frac12"), say("1/2"), say("3"), say("0.5"), "<think>w</think> no idea"],
+    }
+    res = evaluate_benchmark(Canned(replies), benchmarks.load_benchmark("fractions"), SamplingConfig(n=5),
+                             tmp_path, progress=False)
+    assert res["reasons"] == {"correct": 5, "wrong": 3, "no_think_close": 1, "no_answer": 1}
+    assert res["avg_at_n"] == pytest.approx((2 / 5 + 3 / 5) / 2) and res["format_rate"] == pytest.approx(9 / 10)
+    assert res["maj_at_n"] == 1.0
+
+
+def word_judge(response: str, gold: str) -> RewardResult:
+    """A judge this project does not have: the last word after </think> must be the gold word."""
+    if "</think>" not in response:
+        return RewardResult(0.0, "no_think_close")
+    words = response.rsplit("</think>", 1)[1].split()
+    return RewardResult(1.0, "same_word") if words and words[-1] == gold else RewardResult(0.0, "other_word")
+
+
+def _count_words(bench, completions, reasons, *, workers=2):
+    return {"words": sum(len(c.split()) for row in completions for c in row)}
+
+
+WORD_JUDGE = Judge("word", word_judge, lambda problem, completion, prelude, options:
+                   {"response": completion, "gold": problem.answer}, "same_word", frozenset({"no_think_close"}),
+                   lambda problems, options: {"timeout_s": 5.0}, _count_words)
+
+
+def test_a_new_benchmark_with_its_own_judge_is_evaluated_without_touching_evaluate(tmp_path, registry):
+    register_benchmark(BenchmarkSpec("words", WORD_JUDGE, 2, _inline_loader([("colour?", "red"), ("fruit?", "fig")]),
+                                     (), False))
+    bench = benchmarks.load_benchmark("words")
+    replies = {"colour?": ["<think>hm</think> red", "red"],
+               "fruit?": ["<think>hm</think> a fig", "<think></think> kiwi"]}
+    res = evaluate_benchmark(Canned(replies), bench, SamplingConfig(n=2), tmp_path, progress=False)
+    assert (res["benchmark"], res["kind"], res["source"]) == ("words", "word", "inline")
+    assert res["reasons"] == {"same_word": 2, "no_think_close": 1, "other_word": 1}
+    assert res["avg_at_n"] == 0.5 and res["format_rate"] == 0.75 and res["words"] == 2 + 1 + 3 + 2
+    assert "maj_at_n" not in res
+    judged = [json.loads(x) for x in (tmp_path / "words.judged.jsonl").read_text().splitlines()]
+    assert [j["correct"] for j in judged] == [[True, False], [True, False]]

@@ -1,12 +1,18 @@
 """The paper's benchmarks (reference §7) and the tiny tasks' held-out sets, loaded as one record type and judged.
 
 ``load_benchmark(name)`` returns a ``Benchmark``: its problems as chat prompts with what judges them (a gold
-answer, or tests), and the paper's sample count ``n`` for avg@n. ``judge(bench, completions)`` grades
-``completions[i][j]`` (sample j of problem i) in a ``RewardPool`` and returns a ``(problems, n)`` bool array.
+answer, or tests), the paper's sample count ``n`` for avg@n, and its ``Judge``. ``judge(bench, completions)``
+grades ``completions[i][j]`` (sample j of problem i) in a ``RewardPool`` and returns a ``(problems, n)`` bool array.
+
+Each benchmark owns its judging. Its registry entry (``BenchmarkSpec``) names a loader, a ``Judge`` (the
+judge function, the item builder, the correct reason, the format failures, the pool's settings, and extra
+scores such as math's maj@n) and a prelude for programs; ``judge``, ``judge_items``, ``open_judge_pool`` and
+``klear_lib.evaluation.evaluate`` read all of it from there and never branch on the kind. A new benchmark is
+one ``register_benchmark(BenchmarkSpec(...))`` call, with ``MATH_JUDGE``, ``CODE_JUDGE`` or a new ``Judge``.
 
 Registry (``BENCHMARKS``)::
 
-    name             kind  n   default source                                       window (contest_date)
+    name             judge n   default source                                       window (contest_date)
     aime24           math  64  HuggingFaceH4/aime_2024 (split train)                -
     aime25           math  64  MathArena/aime_2025 (split train)                    -
     hmmt25           math  64  MathArena/hmmt_feb_2025 (split train)                -
@@ -49,12 +55,14 @@ Tests are mapped to ``klear_lib.rewards.code``'s formats: stdin -> ``{"input", "
 LiveCodeBench's generic one (``lcb_runner/prompts/code_generation.py``): the question, then the starter code to
 complete or the stdin/stdout instruction, and a ```python block to answer in.
 
-Judging (reference §7: "a code sample is correct only if every test passes"). Math: ``score_math`` through
-``RewardPool(score_math, group_key="gold")``, correct iff the reason is ``correct``. Code: ``score_code`` in mode
-``hard`` with EVERY test of the problem (``max_tests`` defaults to the problem's test count here, not the
-training reward's 16), correct iff ``all_passed``. Like LiveCodeBench's grader (``testing_util.py``), LCB
-programs run after ``LCB_IMPORTS`` (``from typing import *`` and friends), so that ``List[int]`` from the starter
-code needs no import; the program is rewritten into the response's last block before it is judged.
+Judging (reference §7: "a code sample is correct only if every test passes"). ``MATH_JUDGE``: ``score_math``
+through ``RewardPool(score_math, group_key="gold")``, correct iff the reason is ``correct``; its extra score is
+maj@n by math-verify equivalence (``metrics.math_maj_at_k`` over the judge's own extraction, voted in a pool of
+``metrics.math_majority``; samples whose judgement found no answer do not vote). ``CODE_JUDGE``: ``score_code``
+in mode ``hard`` with EVERY test of the problem (``max_tests`` defaults to the problem's test count here, not
+the training reward's 16), correct iff ``all_passed``. Like LiveCodeBench's grader (``testing_util.py``), LCB
+specs have ``LCB_IMPORTS`` (``from typing import *`` and friends) as their prelude, so that ``List[int]`` from
+the starter code needs no import; the program is rewritten into the response's last block before it is judged.
 
 Departures: AIME/HMMT from the hub are the maintained copies named above, not the Klear repo's files (pass
 ``path=`` for those); tests are not sandboxed away from the dataset cache unless ``hide_paths=`` is passed.
@@ -77,14 +85,16 @@ from typing import Any
 import numpy as np
 
 from klear_lib.data import hub, tasks
-from klear_lib.rewards.code import extract_code, score_code
-from klear_lib.rewards.math import score_math
+from klear_lib.evaluation.metrics import math_maj_at_k, math_majority
+from klear_lib.rewards.code import CodeRewardOptions, extract_code, score_code
+from klear_lib.rewards.math import extract_answer, score_math
 from klear_lib.rewards.pool import RewardPool
+from klear_lib.rewards.result import RewardResult
 
 __all__ = [
-    "BenchProblem", "Benchmark", "BenchmarkSpec", "MathColumns", "BENCHMARKS", "MATH_HUB_COLUMNS",
-    "MATH_INSTRUCTION", "LCB_IMPORTS", "load_benchmark", "judge_items", "judge_fn", "judge",
-    "decode_lcb_tests", "lcb_prompt",
+    "BenchProblem", "Benchmark", "BenchmarkSpec", "Judge", "MathColumns", "BENCHMARKS", "MATH_HUB_COLUMNS",
+    "MATH_INSTRUCTION", "LCB_IMPORTS", "MATH_JUDGE", "CODE_JUDGE", "load_benchmark", "register_benchmark",
+    "judge_items", "judge_fn", "judge", "open_judge_pool", "decode_lcb_tests", "lcb_prompt",
 ]
 
 #: Klear's instruction after every math problem (the one its benchmark files carry).
@@ -126,13 +136,19 @@ class BenchProblem:
 @dataclass(frozen=True)
 class Benchmark:
     """Problems of one benchmark; ``n`` is the paper's samples per problem for avg@n; ``source`` where they came
-    from (hub name, file, or ``synthetic:<seed>``)."""
+    from (hub name, file, or ``synthetic:<seed>``); ``judge`` and ``prelude`` come from its spec."""
 
     name: str
-    kind: str
     problems: list[BenchProblem]
     n: int
     source: str
+    judge: Judge
+    prelude: str = ""
+
+    @property
+    def kind(self) -> str:
+        """The judge's label ("math", "code"), for tables."""
+        return self.judge.kind
 
 
 @dataclass(frozen=True)
@@ -154,21 +170,6 @@ MATH_HUB_COLUMNS: dict[str, tuple[str, MathColumns]] = {
 }
 
 _LCB_REPO = "livecodebench/code_generation_lite"
-
-
-@dataclass(frozen=True)
-class BenchmarkSpec:
-    """A registry entry: kind, default n, the loader and the options it takes, default source and window."""
-
-    name: str
-    kind: str
-    n: int
-    loader: Callable[..., tuple[list[BenchProblem], str]]
-    options: tuple[str, ...]
-    takes_path: bool
-    source: str | None = None
-    window: tuple[str, str] | None = None
-    data_files: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -374,21 +375,146 @@ def _load_tiny_code(name: str, path: None, *, seed: int = 0, n_train: int = 0,
     return problems, f"synthetic:{seed}"
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Judges: what a benchmark's spec names, so that callers never branch on the kind of benchmark
+# ---------------------------------------------------------------------------------------------------------
+def _no_extra_scores(bench: Benchmark, completions, reasons, *, workers: int = 2) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class Judge:
+    """How one kind of benchmark is judged. A benchmark's spec names its judge; ``judge``, ``judge_items``,
+    ``open_judge_pool`` and the evaluation read everything from here and never look at ``kind``.
+
+    ``build_item(problem, completion, prelude, options) -> item`` makes the keyword arguments of one
+    ``score_fn(**item)`` call; ``pool_options(problems, options)`` the ``RewardPool`` keywords of a pool that
+    judges those problems; ``extra_scores(bench, completions, reasons, workers=...)`` scores beyond avg@n and
+    pass@k, added to the evaluation's result (math: ``maj_at_n``).
+    """
+
+    kind: str
+    """A label for tables and results ("math", "code"); nothing branches on it."""
+    score_fn: Callable[..., RewardResult]
+    """Module-level judge of one sample, run in a ``RewardPool``'s workers."""
+    build_item: Callable[[BenchProblem, str, str, dict], dict]
+    correct_reason: str
+    """The judge's reason for a correct sample."""
+    format_failures: frozenset[str]
+    """The judge's reasons meaning the response broke the format rather than answered wrongly."""
+    pool_options: Callable[[Sequence[BenchProblem], dict], dict]
+    extra_scores: Callable[..., dict] = _no_extra_scores
+
+
+def _math_item(problem: BenchProblem, completion: str, prelude: str, options: dict) -> dict:
+    return {"response": completion, "gold": problem.answer, **options}
+
+
+def _math_pool_options(problems: Sequence[BenchProblem], options: dict) -> dict:
+    return {"group_key": "gold"}  # the samples of a problem share a gold: one task parses it once
+
+
+#: Seconds a math majority vote of one problem may take in a pool worker, per sample (a safety bound: votes
+#: take milliseconds, but a comparison math-verify's alarm cannot interrupt must cost one problem, not the run).
+MAJORITY_S_PER_SAMPLE = 10.0
+
+
+def _math_majority(bench: Benchmark, completions: Sequence[Sequence[str]], reasons: list[list[str]], *,
+                   workers: int = 2) -> dict:
+    """``maj_at_n``: math-verify equivalence classes of the judge's own extraction, voted in a pool.
+
+    A sample whose judgement found no answer (a format failure, or ``no_answer``) does not vote."""
+    silent = bench.judge.format_failures | {"no_answer"}
+    answers = [[None if why in silent else extract_answer(c) for c, why in zip(row, whys)]
+               for row, whys in zip(completions, reasons)]
+    n = len(completions[0])
+    with RewardPool(math_majority, workers=workers, timeout_s=MAJORITY_S_PER_SAMPLE * n) as pool:
+        return {"maj_at_n": math_maj_at_k(answers, [p.answer for p in bench.problems], n, pool=pool)}
+
+
+def _with_prelude(response: str, prelude: str, think_required: bool = True) -> str:
+    """The response with its program (the block score_code would take) rewritten as ``prelude + program``.
+
+    A response without a block, or without ``</think>`` while ``think_required``, is left as it is, so its format
+    failure stands; so is a program with a ``from __future__`` import, which must stay first."""
+    program = extract_code(response)
+    has_think = "</think>" in response
+    if program is None or "from __future__" in program or (think_required and not has_think):
+        return response
+    head = response.rsplit("</think>", 1)[0] + "</think>\n" if has_think else ""
+    return f"{head}```python\n{prelude}{program}```\n"
+
+
+def _code_item(problem: BenchProblem, completion: str, prelude: str, options: dict) -> dict:
+    response = _with_prelude(completion, prelude, options.get("require_think_close", True)) if prelude else completion
+    return {"response": response, "tests": problem.tests, "mode": "hard", "max_tests": len(problem.tests), **options}
+
+
+def _code_pool_options(problems: Sequence[BenchProblem], options: dict) -> dict:
+    """A per-item limit that covers every test's timeout (plus a second each and ten for the sandbox)."""
+    per_test = float(options.get("timeout_s", CodeRewardOptions.timeout_s)) + 1.0
+    most = options.get("max_tests") or max((len(p.tests) for p in problems), default=1)
+    return {"timeout_s": most * per_test + 10.0}
+
+
+#: Reference §7: math judged by math-verify (correct iff ``score_math`` says ``correct``), with maj@n.
+MATH_JUDGE = Judge("math", score_math, _math_item, "correct", frozenset({"no_think_close", "no_think_open"}),
+                   _math_pool_options, _math_majority)
+#: Reference §7: a code sample is correct only if every test passes (``score_code`` in mode ``hard``).
+CODE_JUDGE = Judge("code", score_code, _code_item, "all_passed", frozenset({"no_think_close", "no_code"}),
+                   _code_pool_options)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The registry
+# ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """A registry entry: the loader and the options it takes, the judge, default n, source and window.
+
+    ``loader(name, path, **options) -> (problems, source)``; ``prelude``: code put before every program before
+    it is judged (code judges only; LiveCodeBench's imports)."""
+
+    name: str
+    judge: Judge
+    n: int
+    loader: Callable[..., tuple[list[BenchProblem], str]]
+    options: tuple[str, ...]
+    takes_path: bool
+    source: str | None = None
+    window: tuple[str, str] | None = None
+    data_files: tuple[str, ...] = ()
+    prelude: str = ""
+
+    @property
+    def kind(self) -> str:
+        return self.judge.kind
+
+
 _MATH_OPTIONS = ("source", "split", "config", "id_column", "problem_column", "answer_column", "cache_dir")
 _LCB_OPTIONS = ("source", "data_files", "window", "cache_dir")
 
 BENCHMARKS: dict[str, BenchmarkSpec] = {
-    **{name: BenchmarkSpec(name, "math", 64, _load_math, _MATH_OPTIONS, True, source=src)
+    **{name: BenchmarkSpec(name, MATH_JUDGE, 64, _load_math, _MATH_OPTIONS, True, source=src)
        for name, (src, _) in MATH_HUB_COLUMNS.items()},
-    "lcb_v5": BenchmarkSpec("lcb_v5", "code", 8, _load_lcb, _LCB_OPTIONS, True, source=_LCB_REPO,
+    "lcb_v5": BenchmarkSpec("lcb_v5", CODE_JUDGE, 8, _load_lcb, _LCB_OPTIONS, True, source=_LCB_REPO,
                             window=("2024-08-01", "2025-02-01"),
-                            data_files=("test3.jsonl", "test4.jsonl", "test5.jsonl")),
-    "lcb_v6": BenchmarkSpec("lcb_v6", "code", 8, _load_lcb, _LCB_OPTIONS, True, source=_LCB_REPO,
-                            window=("2025-02-01", "2025-05-01"), data_files=("test6.jsonl",)),
-    "tiny_arithmetic": BenchmarkSpec("tiny_arithmetic", "math", 8, _load_tiny_arithmetic,
+                            data_files=("test3.jsonl", "test4.jsonl", "test5.jsonl"), prelude=LCB_IMPORTS),
+    "lcb_v6": BenchmarkSpec("lcb_v6", CODE_JUDGE, 8, _load_lcb, _LCB_OPTIONS, True, source=_LCB_REPO,
+                            window=("2025-02-01", "2025-05-01"), data_files=("test6.jsonl",), prelude=LCB_IMPORTS),
+    "tiny_arithmetic": BenchmarkSpec("tiny_arithmetic", MATH_JUDGE, 8, _load_tiny_arithmetic,
                                      ("seed", "n_train", "n_heldout", "levels"), False),
-    "tiny_code": BenchmarkSpec("tiny_code", "code", 8, _load_tiny_code, ("seed", "n_train", "n_heldout"), False),
+    "tiny_code": BenchmarkSpec("tiny_code", CODE_JUDGE, 8, _load_tiny_code, ("seed", "n_train", "n_heldout"), False),
 }
+
+
+def register_benchmark(spec: BenchmarkSpec, *, replace: bool = False) -> BenchmarkSpec:
+    """Add ``spec`` to ``BENCHMARKS`` so that ``load_benchmark(spec.name)`` and the evaluation know it; a name
+    already there is a ValueError unless ``replace``. Returns the spec."""
+    if spec.name in BENCHMARKS and not replace:
+        raise ValueError(f"benchmark {spec.name!r} is already registered (pass replace=True to replace it)")
+    BENCHMARKS[spec.name] = spec
+    return spec
 
 
 def load_benchmark(name: str, *, path: str | Path | None = None, limit: int | None = None,
@@ -409,30 +535,15 @@ def load_benchmark(name: str, *, path: str | Path | None = None, limit: int | No
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 or None, got {limit}")
     problems, source = spec.loader(name, path, **options)
-    return Benchmark(name, spec.kind, problems[:limit], spec.n, source)
+    return Benchmark(name, problems[:limit], spec.n, source, spec.judge, spec.prelude)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Judging
 # ---------------------------------------------------------------------------------------------------------
 def judge_fn(bench: Benchmark) -> Callable:
-    """The module-level (picklable) judge of the benchmark's kind: ``score_math`` or ``score_code``."""
-    if bench.kind not in ("math", "code"):
-        raise ValueError(f"{bench.name}: kind must be 'math' or 'code', got {bench.kind!r}")
-    return score_math if bench.kind == "math" else score_code
-
-
-def _with_prelude(response: str, prelude: str, think_required: bool = True) -> str:
-    """The response with its program (the block score_code would take) rewritten as ``prelude + program``.
-
-    A response without a block, or without ``</think>`` while ``think_required``, is left as it is, so its format
-    failure stands; so is a program with a ``from __future__`` import, which must stay first."""
-    program = extract_code(response)
-    has_think = "</think>" in response
-    if program is None or "from __future__" in program or (think_required and not has_think):
-        return response
-    head = response.rsplit("</think>", 1)[0] + "</think>\n" if has_think else ""
-    return f"{head}```python\n{prelude}{program}```\n"
+    """The module-level (picklable) judge of the benchmark: ``score_math`` or ``score_code`` here."""
+    return bench.judge.score_fn
 
 
 def _check_shape(bench: Benchmark, completions: Sequence[Sequence[str]]) -> int:
@@ -452,20 +563,16 @@ def judge_items(bench: Benchmark, completions: Sequence[Sequence[str]], **judge_
 
     Math: ``{"response", "gold", **judge_options}``. Code: ``{"response", "tests", "mode": "hard",
     "max_tests": len(tests), **judge_options}`` (every test runs unless ``max_tests`` is passed); LCB responses
-    get ``LCB_IMPORTS`` before their program (module docstring)."""
+    get ``LCB_IMPORTS`` (their spec's prelude) before their program (module docstring)."""
     _check_shape(bench, completions)
-    items = []
-    prelude = LCB_IMPORTS if bench.name.startswith("lcb") else ""
-    for p, samples in zip(bench.problems, completions):
-        for c in samples:
-            if bench.kind == "math":
-                items.append({"response": c, "gold": p.answer, **judge_options})
-            else:
-                response = _with_prelude(c, prelude, judge_options.get("require_think_close", True)) \
-                    if prelude else c
-                items.append({"response": response, "tests": p.tests, "mode": "hard",
-                              "max_tests": len(p.tests), **judge_options})
-    return items
+    return [bench.judge.build_item(p, c, bench.prelude, judge_options)
+            for p, samples in zip(bench.problems, completions) for c in samples]
+
+
+def open_judge_pool(bench: Benchmark, *, workers: int = 2, **judge_options) -> RewardPool:
+    """A ``RewardPool`` of the benchmark's judge, set up for its problems (math: grouped by gold; code: a
+    per-item limit that covers every test's timeout). Close it, or use it as a context manager."""
+    return RewardPool(bench.judge.score_fn, workers=workers, **bench.judge.pool_options(bench.problems, judge_options))
 
 
 def judge(bench: Benchmark, completions: Sequence[Sequence[str]], pool: RewardPool | None = None, *,
@@ -474,24 +581,18 @@ def judge(bench: Benchmark, completions: Sequence[Sequence[str]], pool: RewardPo
 
     Math: correct iff ``score_math``'s reason is ``correct``; code: iff ``score_code`` (mode ``hard``) says
     ``all_passed``. ``pool``: an open ``RewardPool`` of ``judge_fn(bench)`` to reuse; None opens one for the
-    call (math grouped by gold; code with a per-item limit that covers every test's timeout) and closes it."""
+    call with ``open_judge_pool`` and closes it."""
     n = _check_shape(bench, completions)
     items = judge_items(bench, completions, **judge_options)
     if pool is None:
-        if bench.kind == "math":
-            with RewardPool(score_math, workers=workers, group_key="gold") as own:
-                results = own.score_batch(items)
-        else:
-            per_test = float(judge_options.get("timeout_s", 6.0)) + 1.0
-            most = max((it["max_tests"] for it in items), default=1)
-            with RewardPool(score_code, workers=workers, timeout_s=most * per_test + 10.0) as own:
-                results = own.score_batch(items)
+        with open_judge_pool(bench, workers=workers, **judge_options) as own:
+            results = own.score_batch(items)
     else:
-        if pool.score_fn is not judge_fn(bench):
+        if pool.score_fn is not bench.judge.score_fn:
             raise ValueError(f"{bench.name}: the pool grades with {getattr(pool.score_fn, '__name__', pool.score_fn)}"
-                             f", a {bench.kind} benchmark needs {judge_fn(bench).__name__}")
+                             f", a {bench.kind} benchmark needs {bench.judge.score_fn.__name__}")
         results = pool.score_batch(items)
-    ok = "correct" if bench.kind == "math" else "all_passed"
     reasons = [[r.reason for r in results[i * n:(i + 1) * n]] for i in range(len(bench.problems))]
-    correct = np.array([[r == ok for r in row] for row in reasons], dtype=bool).reshape(len(bench.problems), n)
+    correct = np.array([[r == bench.judge.correct_reason for r in row] for row in reasons],
+                       dtype=bool).reshape(len(bench.problems), n)
     return correct, reasons

@@ -2,16 +2,17 @@
 
 ``evaluate_benchmark(engine, bench, sampling, out_dir)`` samples ``sampling.n`` completions per problem with
 ``rollout.generate_to_file`` (resumable: an interrupted evaluation redoes only unfinished chunks), judges them
-with the benchmark's judge (math-verify for math, the sandboxed tests for code: correct only if every test
-passes), and writes beside the samples
+with the benchmark's own judge (``bench.judge``, from its registry entry in ``benchmarks``: math-verify for
+math, the sandboxed tests for code, correct only if every test passes), and writes beside the samples
 
 * ``<bench>.samples.jsonl``   the completions, one line per problem (written as they are generated);
 * ``<bench>.judged.jsonl``    per problem: id, meta, correct flags and the judge's reason per sample;
 * ``<bench>.result.json``     the scores below.
 
 Scores (``klear_lib.evaluation.metrics``): avg@n with a 95% bootstrap interval over problems, unbiased pass@k
-for k = 1, 2, 4, ... ≤ n, maj@n on math (a vote over the boxed answer strings), the share of samples that kept
-the format, and the count of each judge reason.
+for k = 1, 2, 4, ... ≤ n, the share of samples that kept the format (the judge's format failures), the count of
+each judge reason, and the judge's extra scores: maj@n on math, a vote over math-verify equivalence classes of
+the answers the judge read (``metrics.math_maj_at_k``). Nothing here depends on the kind of benchmark.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-from klear_lib.data.tasks import extract_answer
 from klear_lib.evaluation import benchmarks
-from klear_lib.evaluation.metrics import avg_at_n, bootstrap_ci, maj_at_k, mean_pass_at_k
+from klear_lib.evaluation.metrics import avg_at_n, bootstrap_ci, math_maj_at_k, mean_pass_at_k
 from klear_lib.rewards.math import THINK_OPEN
 from klear_lib.rollout import SamplingConfig, generate_to_file
 
-#: Judge reasons that mean the response broke the format rather than answered wrongly.
-FORMAT_FAILURES = frozenset({"no_think_close", "no_think_open", "no_code"})
+#: Judge reasons that mean the response broke the format rather than answered wrongly (both judges' together;
+#: ``evaluate_benchmark`` uses its benchmark's own, ``bench.judge.format_failures``).
+FORMAT_FAILURES = benchmarks.MATH_JUDGE.format_failures | benchmarks.CODE_JUDGE.format_failures
 
 
 def ks_up_to(n: int) -> list[int]:
@@ -38,8 +39,12 @@ def ks_up_to(n: int) -> list[int]:
     return ks if ks[-1] == n else ks + [n]
 
 
-def score(correct, reasons: list[list[str]], *, answers=None, gold=None, seed: int = 0) -> dict:
-    """The scores of a (problems, n) correctness array (see the module docstring)."""
+def score(correct, reasons: list[list[str]], *, answers=None, gold=None, seed: int = 0,
+          format_failures: frozenset[str] = FORMAT_FAILURES) -> dict:
+    """The scores of a (problems, n) correctness array (see the module docstring).
+
+    ``answers``/``gold``: math answers as ``metrics.math_maj_at_k`` takes them, to add ``maj_at_n`` (voted in
+    this process, which must then be a main thread)."""
     correct = np.asarray(correct, dtype=bool)
     n = correct.shape[1]
     lo, hi = bootstrap_ci(correct.mean(axis=1), seed=seed)
@@ -51,11 +56,11 @@ def score(correct, reasons: list[list[str]], *, answers=None, gold=None, seed: i
         "ci_low": lo,
         "ci_high": hi,
         "pass_at_k": {str(k): mean_pass_at_k(correct, k) for k in ks_up_to(n)},
-        "format_rate": sum(r not in FORMAT_FAILURES for r in flat) / max(len(flat), 1),
+        "format_rate": sum(r not in format_failures for r in flat) / max(len(flat), 1),
         "reasons": dict(Counter(flat).most_common()),
     }
     if answers is not None:
-        out["maj_at_n"] = maj_at_k(answers, gold, n)
+        out["maj_at_n"] = math_maj_at_k(answers, gold, n)
     return out
 
 
@@ -73,7 +78,8 @@ def evaluate_benchmark(engine, bench, sampling: SamplingConfig, out_dir: str | P
                        chunk_size: int = 16, progress: bool = True, label: str = "", workers: int = 2) -> dict:
     """Sample, judge and score ``bench`` with ``engine``; returns the scores plus ``benchmark`` and ``kind``
     (and writes the three files of the module docstring into ``out_dir``). ``pool``: an open ``RewardPool`` of
-    the benchmark's judge to reuse; None opens one of ``workers`` processes for the call."""
+    the benchmark's judge to reuse (``benchmarks.open_judge_pool``); None opens one of ``workers`` processes for
+    the call. Extra scores (math's maj@n) open their own pool of ``workers`` processes."""
     out_dir = Path(out_dir)
     items = [(p.id, p.messages) for p in bench.problems]
     completions = generate_to_file(engine, items, sampling, out_dir / f"{bench.name}.samples.jsonl",
@@ -82,12 +88,9 @@ def evaluate_benchmark(engine, bench, sampling: SamplingConfig, out_dir: str | P
     if bench.problems and template_opens_think(engine, bench.problems[0].messages):
         completions = [[THINK_OPEN + "\n" + c for c in row] for row in completions]  # judge what the model wrote
     correct, reasons = benchmarks.judge(bench, completions, pool, workers=workers)
-    answers = gold = None
-    if bench.kind == "math":
-        answers = [[extract_answer(c) for c in row] for row in completions]
-        gold = [p.answer for p in bench.problems]
     result = {"benchmark": bench.name, "kind": bench.kind, "source": bench.source,
-              **score(correct, reasons, answers=answers, gold=gold, seed=sampling.seed)}
+              **score(correct, reasons, seed=sampling.seed, format_failures=bench.judge.format_failures),
+              **bench.judge.extra_scores(bench, completions, reasons, workers=workers)}
     for key in ("level", "difficulty"):
         if any(key in p.meta for p in bench.problems):
             result[f"by_{key}"] = by_meta(bench, correct, key)
