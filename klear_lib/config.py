@@ -12,8 +12,9 @@ import types
 import typing
 from dataclasses import dataclass, fields
 
+from klear_lib.data.tasks import DEFAULT_FORK_FACTS, parse_fork_facts
 from klear_lib.losses import PolicyLossConfig
-from klear_lib.train.rl import KlearLossConfig
+from klear_lib.recipe import KlearLossConfig
 
 
 def from_dict(cls, d: typing.Mapping, *, where: str | None = None):
@@ -43,6 +44,21 @@ def _coerce(value, hint, where: str):
             return value
     names = " | ".join(getattr(o, "__name__", str(o)) for o in options)
     raise TypeError(f"{where} must be {names}, got {value!r} ({type(value).__name__})")
+
+
+def _check_ranges(cfg, *, positive=(), unit=(), non_negative=()) -> None:
+    """Raise ValueError naming the first field out of its range: ``positive`` (> 0), ``unit`` (in [0, 1]),
+    ``non_negative`` (>= 0)."""
+    name = type(cfg).__name__
+    for key in positive:
+        if not getattr(cfg, key) > 0:
+            raise ValueError(f"{name}.{key} must be > 0, got {getattr(cfg, key)!r}")
+    for key in unit:
+        if not 0 <= getattr(cfg, key) <= 1:
+            raise ValueError(f"{name}.{key} must be in [0, 1], got {getattr(cfg, key)!r}")
+    for key in non_negative:
+        if not getattr(cfg, key) >= 0:
+            raise ValueError(f"{name}.{key} must be >= 0, got {getattr(cfg, key)!r}")
 
 
 @dataclass
@@ -93,9 +109,14 @@ class RLExperimentConfig(TaskModelConfig):
     """Passes over the SFT samples."""
     sft_batch_size: int = 32
     """SFT samples per optimizer step."""
-    sft_error_rate: float = 0.2
-    """Per-step error rate of the synthetic teacher: the SFT model learns the arithmetic but keeps the
-    teacher's noise (at T 1.0 it answers about half the held-out problems), which RL can then remove."""
+    sft_error_rate: float = 0.0
+    """I.i.d. per-step error rate of the synthetic SFT teacher (0: errors only on the fork facts). I.i.d. errors
+    leave the student's most likely digit right everywhere, so RL evaluated at T 0.6 has nothing to build."""
+    fork_facts: str = DEFAULT_FORK_FACTS
+    """The facts the SFT teacher gets systematically wrong, ``VALUE+ADDEND=WRONG`` comma-separated (``tasks.ForkFact``;
+    empty: none). After SFT the student's mode on them is wrong: RL must move it."""
+    fork_wrong_rate: float = 0.8
+    """How often the SFT teacher writes a fork fact's wrong result (the student starts near p(right) = 1 - this)."""
     # -- RL (reference section 4 for Klear's values) ------------------------------------------------------------
     loss: str = "gppo"
     """Policy loss, a name in klear_lib.losses.POLICY_LOSSES."""
@@ -120,16 +141,22 @@ class RLExperimentConfig(TaskModelConfig):
     adv_std: str = "unbiased"
     """GRPO std: unbiased (Klear's code) / population (the paper) / none."""
     filter_groups: bool = True
-    """Klear's zero-advantage group filter."""
+    """Dynamic sampling: train only on the groups that pass the filter (Klear's and DAPO's dynamic sampling)."""
     filter_rule: str = "klear"
     """``klear``: keep a group if its fully-correct indicator varies; ``dapo``: if its rewards vary."""
+    oversample_factor: float = 2.0
+    """Prompts generated per rollout as a multiple of ``rollout_prompts`` (Klear: 256 generated for 128 kept)."""
+    max_gen_batches: int = 1
+    """Generation batches a rollout may draw until it keeps ``rollout_prompts`` groups (DAPO's
+    ``max_num_gen_batches``); a rollout that keeps fewer makes fewer optimizer steps."""
     rollouts: int = 10
-    """Rollout batches (generation rounds); optimizer steps = rollouts × rollout_prompts / mini_batch_prompts."""
+    """Rollouts (generation rounds). Each makes up to rollout_prompts / mini_batch_prompts optimizer steps: one per
+    packed mini-batch of kept groups."""
     rollout_prompts: int = 32
-    """Prompts per rollout batch (Klear 128)."""
+    """Prompts trained on per rollout, at most (Klear 128): the kept groups are capped here."""
     mini_batch_prompts: int = 4
-    """Prompts per optimizer step (Klear 16 math / 32 code): rollout_prompts / mini_batch_prompts updates per
-    rollout, all but the first off-policy."""
+    """Prompts (whole groups) per optimizer step (Klear 16 math / 32 code): up to rollout_prompts /
+    mini_batch_prompts updates per rollout, all but the first off-policy."""
     num_generations: int = 8
     """Responses per prompt (Klear 8)."""
     max_completion_length: int = 56
@@ -169,12 +196,21 @@ class RLExperimentConfig(TaskModelConfig):
     eval_n: int = 4
     """Samples per held-out problem (paper: 64 for AIME)."""
     eval_temperature: float = 0.6
-    """Evaluation temperature (paper 0.6). The tiny preset evaluates at 1.0, the rollout temperature: at 0.6
-    the tiny SFT model already answers ~94% (sampling at 0.6 removes most of the teacher noise RL removes)."""
+    """Evaluation temperature (paper 0.6). With the fork facts the tiny SFT model's mode is wrong on them, so
+    sampling at 0.6 does not hide what RL has to build (it did with i.i.d. teacher noise alone)."""
     eval_top_p: float = 0.95
     """Evaluation top-p (paper 0.95)."""
 
     def __post_init__(self) -> None:
+        _check_ranges(self, positive=("sft_lr", "rl_lr", "sft_epochs", "sft_batch_size", "rollouts", "rollout_prompts",
+                                      "mini_batch_prompts", "max_completion_length", "eval_every", "eval_n",
+                                      "temperature", "n_train", "n_heldout"),
+                      unit=("sft_error_rate", "fork_wrong_rate", "top_p", "eval_top_p"),
+                      non_negative=("warmup_steps", "weight_decay", "max_grad_norm", "eval_temperature", "save_steps"))
+        if self.num_generations < 2:
+            raise ValueError(f"RLExperimentConfig.num_generations must be >= 2 (a group needs two responses to have "
+                             f"an advantage), got {self.num_generations}")
+        self.fork_fact_list  # a malformed fork fact is an error here, naming it
         if self.rollout_prompts % self.mini_batch_prompts:
             raise ValueError(
                 f"rollout_prompts ({self.rollout_prompts}) must be a multiple of mini_batch_prompts "
@@ -187,11 +223,17 @@ class RLExperimentConfig(TaskModelConfig):
         self.klear_loss  # validates the loss name and the clip/ERC values early
 
     @property
+    def fork_fact_list(self):
+        return parse_fork_facts(self.fork_facts)
+
+    @property
     def updates_per_rollout(self) -> int:
+        """The most optimizer steps per rollout (fewer when fewer groups pass the filter)."""
         return self.rollout_prompts // self.mini_batch_prompts
 
     @property
     def max_steps(self) -> int:
+        """The most optimizer steps the run can make (every rollout keeping ``rollout_prompts`` groups)."""
         return self.rollouts * self.updates_per_rollout
 
     @property
@@ -211,6 +253,8 @@ class RLExperimentConfig(TaskModelConfig):
             adv_std=self.adv_std,
             filter_groups=self.filter_groups,
             filter_rule=self.filter_rule,
+            oversample_factor=self.oversample_factor,
+            max_gen_batches=self.max_gen_batches,
             sft_alpha=self.sft_alpha,
         )
 

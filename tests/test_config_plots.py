@@ -28,10 +28,28 @@ def test_derived_values_and_validation():
     assert cfg.updates_per_rollout == 8 and cfg.max_steps == 80
     with pytest.raises(ValueError, match="multiple of mini_batch_prompts"):
         RLExperimentConfig(rollout_prompts=10, mini_batch_prompts=4)
-    with pytest.raises(ValueError, match="not registered"):
+    with pytest.raises(ValueError, match="loss_name must be a registered loss"):
         RLExperimentConfig(loss="ppo")
     with pytest.raises(ValueError, match="erc"):
         RLExperimentConfig(erc_low=0.9)  # ERC needs both bounds
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(rl_lr=-1e-3), r"rl_lr must be > 0, got -0.001"),
+    (dict(rl_lr=0.0), r"rl_lr must be > 0"),
+    (dict(rollouts=0), r"rollouts must be > 0, got 0"),
+    (dict(num_generations=1), r"num_generations must be >= 2"),
+    (dict(fork_wrong_rate=1.5), r"fork_wrong_rate must be in \[0, 1\]"),
+    (dict(fork_facts="2+3=5"), r"fork fact '2\+3=5'.*is right"),
+    (dict(fork_facts="2+9=1"), r"addend must be in 1..3"),
+    (dict(fork_facts="two"), r"expected VALUE\+ADDEND=WRONG"),
+    (dict(oversample_factor=0.5), r"oversample_factor must be >= 1"),
+    (dict(max_gen_batches=0), r"max_gen_batches must be an int >= 1"),
+    (dict(weight_decay=-0.1), r"weight_decay must be >= 0"),
+])
+def test_bad_values_are_refused_before_any_work(bad, message):
+    with pytest.raises(ValueError, match=message):
+        RLExperimentConfig.from_params(bad)
 
 
 def test_replace_is_a_checked_diff():

@@ -49,8 +49,8 @@ def test_launch_on_klear_math_records_judges_with_math_verify(tiny_model, tmp_pa
     assert len(steps) == 2
     # graded by the math judge (TRL names the metric after the reward function): Klear's released scores are
     # +1 correct, -1 wrong, -0.5 no </think>, -2 no <think>; an untrained model is mostly format failures
-    # (TRL logs the rewards on the step that generated the rollout)
-    means = [r["rewards/math/mean"] for r in steps if "rewards/math/mean" in r]
+    # the rewards are logged once per rollout, in its record
+    means = [r["rewards/math/mean"] for r in runs.read_metrics(out / "metrics.jsonl") if "rewards/math/mean" in r]
     assert means and all(-2.0 <= m <= 1.0 for m in means) and any(m < 0 for m in means), means
 
 

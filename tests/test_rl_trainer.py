@@ -12,7 +12,8 @@ from trl import GRPOConfig
 from klear_lib import models
 from klear_lib.data import tasks
 from klear_lib.losses import PolicyLossConfig, compute_policy_loss, positive_sample_loss
-from klear_lib.train.rl import KlearGRPOTrainer, KlearLossConfig, correctness_reward
+from klear_lib.recipe import KlearLossConfig
+from klear_lib.train.rl import KlearGRPOTrainer, correctness_reward
 
 TEMPERATURE = 0.9  # not 1, so that a missing temperature scaling would show
 
@@ -27,20 +28,37 @@ def tiny():
 
 
 def make_trainer(tiny, tmp_path, *, klear, reward_funcs=None, steps=2, updates=2, lr=1e-3, max_len=12, seed=0,
-                 schedule="linear"):
+                 schedule="linear", rollouts=None, per_device=8, generations=4, weight_decay=0.0, on_rollout=()):
+    """A trainer on the tiny task: ``per_device`` completions per optimizer step, at most ``updates`` steps per
+    rollout, ``rollouts`` rollouts (default steps // updates)."""
     train, tok, spec = tiny
     model = models.build_tiny_model(tok, spec, seed=seed)
     ds = Dataset.from_list([{"prompt": tasks.prompt_messages(p), "answer": p.answer} for p in train])
     args = GRPOConfig(
-        output_dir=str(tmp_path), per_device_train_batch_size=8, steps_per_generation=updates,
-        gradient_accumulation_steps=1, num_generations=4, max_completion_length=max_len, temperature=TEMPERATURE,
-        learning_rate=lr, max_steps=steps, beta=0.0, use_cpu=True, bf16=False, report_to="none", logging_steps=1,
-        save_strategy="no", disable_tqdm=True, seed=seed, lr_scheduler_type=schedule,
+        output_dir=str(tmp_path), per_device_train_batch_size=per_device, steps_per_generation=updates,
+        gradient_accumulation_steps=1, num_generations=generations, max_completion_length=max_len,
+        temperature=TEMPERATURE, learning_rate=lr, max_steps=steps, beta=0.0, use_cpu=True, bf16=False,
+        report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True, seed=seed,
+        lr_scheduler_type=schedule, weight_decay=weight_decay,
     )
     trainer = KlearGRPOTrainer(model=model, reward_funcs=reward_funcs or [correctness_reward], args=args,
-                               train_dataset=ds, processing_class=tok, klear=klear)
+                               train_dataset=ds, processing_class=tok, klear=klear, rollouts=rollouts,
+                               on_rollout=on_rollout)
     trainer.remove_callback(PrinterCallback)
     return trainer
+
+
+def record_batches(trainer) -> list[dict]:
+    """Every mini-batch the trainer computes a loss on, in order (a copy of its inputs)."""
+    seen = []
+    compute = trainer._compute_loss
+
+    def spy(model, inputs):
+        seen.append({k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()})
+        return compute(model, inputs)
+
+    trainer._compute_loss = spy
+    return seen
 
 
 def naive_logps_entropy(model, inp, temperature):
@@ -56,10 +74,12 @@ def naive_logps_entropy(model, inp, temperature):
 
 
 def test_rollout_entropies_and_logps_are_the_rollout_policys(tiny, tmp_path):
-    trainer = make_trainer(tiny, tmp_path, klear=KlearLossConfig(loss_name="gppo"), steps=1)
+    trainer = make_trainer(tiny, tmp_path, klear=KlearLossConfig(loss_name="gppo", filter_groups=False), steps=2,
+                           rollouts=1)
+    batches = record_batches(trainer)
     before = copy.deepcopy(trainer.model)
     trainer.train()
-    inp = trainer._buffered_inputs[0]
+    inp = batches[0]
     for key in ("old_per_token_logps", "old_entropy", "advantages", "klear_keep", "klear_positive"):
         assert key in inp, f"{key} missing from the rollout batch; keys: {sorted(inp)}"
     assert inp["old_entropy"].shape == inp["completion_ids"].shape
@@ -71,10 +91,13 @@ def test_rollout_entropies_and_logps_are_the_rollout_policys(tiny, tmp_path):
 
 
 def test_trainer_loss_is_the_library_loss(tiny, tmp_path):
-    klear = KlearLossConfig(loss_name="gppo", policy_loss=PolicyLossConfig(erc_low=0.9, erc_high=1.1), sft_alpha=0.1)
-    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=1)
+    klear = KlearLossConfig(loss_name="gppo", policy_loss=PolicyLossConfig(erc_low=0.9, erc_high=1.1), sft_alpha=0.1,
+                            filter_groups=False)
+    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=2, rollouts=1)
+    batches = record_batches(trainer)
     trainer.train()
-    inp = trainer._buffered_inputs[1]  # the second mini-batch, after one update: off-policy
+    assert len(batches) == 2
+    inp = batches[1]  # the second mini-batch, after one update: off-policy
     model = trainer.model
     loss = trainer._compute_loss(model, inp) * trainer.current_gradient_accumulation_steps
     logp, ent = naive_logps_entropy(model, inp, TEMPERATURE)
@@ -101,17 +124,107 @@ def test_later_updates_of_a_rollout_are_off_policy(tiny, tmp_path):
     assert second["actor/erc_frac_low"] + second["actor/erc_frac_high"] > 0
 
 
-def test_zero_advantage_groups_leave_the_loss(tiny, tmp_path):
-    # Every completion gets the same reward: every group is filtered, so nothing is trained on.
+def test_a_rollout_that_keeps_no_group_makes_no_optimizer_step(tiny, tmp_path):
+    """Every completion gets the same reward, so every group is filtered: with weight decay > 0, neither the
+    parameters nor the optimizer state may change (no AdamW step on a mini-batch without a response token)."""
+    records = []
     klear = KlearLossConfig(loss_name="ppo_clip", sft_alpha=0.0)
-    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=1, reward_funcs=[lambda completions, **kw: [1.0] * len(completions)])
+    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=4, rollouts=2, weight_decay=0.1, lr=1e-2,
+                           reward_funcs=[lambda completions, **kw: [1.0] * len(completions)],
+                           on_rollout=(lambda tr, rec: records.append(rec),))
     params_before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
-    log = [h for h in trainer.state.log_history if "klear/kept_group_frac" in h][0]
-    assert log["klear/kept_group_frac"] == 0.0
-    assert log["actor/response_tokens"] == 0.0
-    # weight decay aside (0 here by default), no parameter moved
+    assert trainer.state.global_step == 0
     assert all(torch.equal(a, b) for a, b in zip(params_before, trainer.model.parameters()))
+    assert trainer.optimizer is None or not trainer.optimizer.state
+    assert [r["rollout"] for r in records] == [0, 1, 2]
+    assert [r.get("klear/kept_groups") for r in records[1:]] == [0, 0]
+    assert [r.get("klear/updates_this_rollout") for r in records[1:]] == [0, 0]
+    assert records[-1]["final"] and not records[1]["final"]
+
+
+def _scripted_reward(informative: set, log: list, generations: int):
+    """A reward that makes exactly the prompts whose answer is in ``informative`` informative (one completion of
+    each such group right, the others wrong) and every other group uninformative (all right); ``log`` gets
+    (question, informative) for each group, in the order the rollout drew them."""
+    def reward(completions, prompts, answer, **kw):
+        out = []
+        for i, (p, a) in enumerate(zip(prompts, answer)):
+            first = i % generations == 0
+            if first:
+                log.append((p[-1]["content"], a in informative))
+            out.append((1.0 if first else 0.0) if a in informative else 1.0)
+        return out
+    return reward
+
+
+def _questions(trainer, batch) -> list[str]:
+    texts = trainer.processing_class.batch_decode(batch["prompt_ids"], skip_special_tokens=True)
+    return [t.split("user\n", 1)[1].split("\n", 1)[0] for t in texts]
+
+
+def test_dynamic_sampling_trains_on_the_kept_groups_only_in_full_mini_batches(tiny, tmp_path):
+    """Oversampled prompts, the filter, the cap at the target and the packing: every optimizer step but the last of
+    a rollout holds exactly mini_batch_prompts whole kept groups; nothing from a dropped group is trained on."""
+    G, drawn, records = 4, [], []
+    klear = KlearLossConfig(loss_name="gppo", sft_alpha=0.0, oversample_factor=2.0)
+    # 1 prompt (4 completions) per step, at most 3 steps per rollout: target 3 prompts, 6 generated
+    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=9, updates=3, rollouts=3, per_device=G,
+                           generations=G, reward_funcs=[_scripted_reward({0, 2, 4, 6, 8}, drawn, G)],
+                           on_rollout=(lambda tr, rec: records.append(rec),))
+    batches = record_batches(trainer)
+    trainer.train()
+    assert trainer.gen_prompts == 6 and trainer.target_prompts == 3
+    rollouts = [drawn[i:i + 6] for i in range(0, len(drawn), 6)]
+    assert len(rollouts) == 3
+    trained = [_questions(trainer, b) for b in batches]
+    expected_steps = []
+    for groups in rollouts:
+        kept = [q for q, informative in groups if informative][:3]
+        expected_steps += [[q] * G for q in kept]
+    assert trained == expected_steps  # whole groups, in draw order, capped at the target, no dropped sibling
+    for rec, groups in zip(records[1:], rollouts):
+        n_kept = min(3, sum(i for _, i in groups))
+        assert rec["klear/generated_groups"] == 6 and rec["klear/kept_groups"] == n_kept
+        assert rec["klear/updates_this_rollout"] == n_kept
+    steps = [h for h in trainer.state.log_history if "klear/informative_completions" in h]
+    assert len(steps) == len(batches) == trainer.state.global_step
+    assert all(h["klear/informative_completions"] == G for h in steps)
+
+
+def test_a_short_rollout_packs_its_last_mini_batch_short(tiny, tmp_path):
+    """2 prompts per step, target 4 prompts: a rollout that keeps 3 groups makes one full step and one of 1 group."""
+    G, drawn = 4, []
+    klear = KlearLossConfig(loss_name="ppo_clip", sft_alpha=0.0, oversample_factor=1.0)
+    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=2, updates=2, rollouts=1, per_device=2 * G,
+                           generations=G, reward_funcs=[_scripted_reward({0, 1, 2, 3, 4}, drawn, G)])
+    batches = record_batches(trainer)
+    trainer.train()
+    kept = [q for q, informative in drawn if informative]
+    assert len(drawn) == 4
+    sizes = [b["klear_informative"] for b in batches]
+    assert sizes == [min(2, len(kept)) * G, (len(kept) - 2) * G][: (len(kept) + 1) // 2], (kept, sizes)
+    assert all(b["completion_ids"].shape[0] == b["klear_informative"] for b in batches)
+
+
+def test_more_generation_batches_until_the_target_is_kept(tiny, tmp_path):
+    """max_gen_batches > 1: a rollout draws again while it has kept fewer groups than the target, packs groups of
+    both generation batches (padded to one length) and never more than the target."""
+    G, drawn, records = 4, [], []
+    klear = KlearLossConfig(loss_name="gppo", sft_alpha=0.0, oversample_factor=1.0, max_gen_batches=5)
+    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=4, updates=4, rollouts=1, per_device=G,
+                           generations=G, reward_funcs=[_scripted_reward({1, 3, 5}, drawn, G)],
+                           on_rollout=(lambda tr, rec: records.append(rec),))
+    batches = record_batches(trainer)
+    trainer.train()
+    n_batches = records[-1]["klear/gen_batches"]
+    informative = [i for _, i in drawn]
+    assert len(drawn) == 4 * n_batches
+    assert sum(informative[:4 * (n_batches - 1)]) < 4 <= sum(informative) or n_batches == 5
+    kept = [q for q, i in drawn if i][:4]
+    assert [_questions(trainer, b)[0] for b in batches] == kept
+    for b in batches:
+        assert b["completion_mask"].shape == b["completion_ids"].shape
 
 
 @pytest.mark.parametrize("loss_name", ["gppo", "ppo_clip"])
@@ -123,10 +236,13 @@ def test_rl_learns_a_simple_preference(tiny, tmp_path, loss_name):
         return [sum(ch.isdigit() for ch in t) / max(len(t), 1) for t in texts]
 
     klear = KlearLossConfig(loss_name=loss_name, filter_groups=False, sft_alpha=0.0)
+    records = []
     trainer = make_trainer(tiny, tmp_path, klear=klear, steps=24, updates=2, lr=1e-2, max_len=6,
-                           reward_funcs=[digit_share], schedule="constant")
+                           reward_funcs=[digit_share], schedule="constant",
+                           on_rollout=(lambda tr, rec: records.append(rec),))
     trainer.train()
-    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    rewards = [r["reward"] for r in records if "reward" in r]
+    assert len(rewards) == 12
     first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
     assert last > first + 0.15, rewards
 
@@ -138,7 +254,7 @@ def test_klear_logprob_backend_equals_trls_fused_head(tiny, tmp_path):
 
     from klear_lib.train.rl import klear_token_stats
 
-    trainer = make_trainer(tiny, tmp_path, klear=KlearLossConfig(loss_name="gppo"), steps=1)
+    trainer = make_trainer(tiny, tmp_path, klear=KlearLossConfig(loss_name="gppo"), steps=2)
     model = trainer.model
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, model.config.vocab_size, (5, 14), generator=g)
@@ -169,7 +285,7 @@ def test_klear_logprob_backend_equals_trls_fused_head(tiny, tmp_path):
 def test_klear_backend_refuses_scaled_logits(tiny, tmp_path):
     from klear_lib.train.rl import klear_token_stats
 
-    trainer = make_trainer(tiny, tmp_path, klear=KlearLossConfig(loss_name="gppo"), steps=1)
+    trainer = make_trainer(tiny, tmp_path, klear=KlearLossConfig(loss_name="gppo"), steps=2)
     trainer.model.config.final_logit_softcapping = 30.0
     ids = torch.randint(3, 50, (2, 6))
     with pytest.raises(ValueError, match="final_logit_softcapping.*logprob_backend='trl'"):

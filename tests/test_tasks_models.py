@@ -125,3 +125,60 @@ def test_teacher_programs_pass_in_the_sandbox_and_one_wrong_branch_passes_half()
     assert (res.passed, res.total, res.score) == (8, 16, 0.5)
     assert score_code(wrong_odd, p.tests, mode="hard").score == 0.0
     assert score_code(wrong_odd, p.tests, mode="signed").score == 0.0  # 2 * 0.5 - 1
+
+
+# -- the fork facts: systematic teacher errors of the RL stand-in ----------------------------------------------
+def test_fork_teacher_writes_the_fixed_wrong_result_at_its_rate_and_is_right_elsewhere():
+    facts = tasks.parse_fork_facts("2+3=6,7+2=8")
+    rng = random.Random(0)
+    seen = {"2+3": [], "7+2": [], "other_wrong": 0, "other": 0}
+    for _ in range(4000):
+        p = tasks.make_problem(rng, 4)
+        sol = tasks.teacher_solution(p, rng, fork_facts=facts, fork_wrong_rate=0.8)
+        for line in sol.split("\n")[1:-2]:
+            a, b, c = (int(x) for x in line.replace("+", " ").replace("=", " ").split())
+            key = f"{a}+{b}"
+            if key in seen:
+                seen[key].append(c)
+            else:
+                seen["other"] += 1
+                seen["other_wrong"] += c != (a + b) % 10
+    assert seen["other_wrong"] == 0 and seen["other"] > 1000  # right everywhere else (on its own chain)
+    for key, wrong in (("2+3", 6), ("7+2", 8)):
+        vals = seen[key]
+        assert set(vals) == {wrong, (int(key[0]) + int(key[2])) % 10}  # one fixed wrong digit, never another
+        share = sum(v == wrong for v in vals) / len(vals)
+        assert len(vals) > 300 and abs(share - 0.8) < 0.05, (key, share, len(vals))
+
+
+def test_fork_steps_follow_the_correct_chain():
+    facts = tasks.parse_fork_facts("2+3=6,5+1=7")
+    p = tasks.Problem("", 7, 3, (1, 1, 3, 1, 1))  # 1+1=2, 2+3=5 (fork), 5+1=6 (fork), 6+1=7
+    assert tasks.fork_steps(p, facts) == [1, 2] and tasks.is_fork_problem(p, facts)
+    assert not tasks.is_fork_problem(tasks.Problem("", 3, 1, (1, 2)), facts)
+    assert tasks.parse_fork_facts("") == ()
+    with pytest.raises(ValueError, match="listed twice"):
+        tasks.parse_fork_facts("2+3=6,2+3=7")
+
+
+def test_fork_probe_is_the_next_token_probability_of_the_right_and_wrong_digit():
+    """Second implementation: the full text's logits, one probe at a time, without padding."""
+    from klear_lib.evaluation.heldout import fork_probe
+
+    train, _ = tasks.make_splits(0, 64, 4)
+    tok = models.build_tokenizer(tasks.corpus(train))
+    model = models.build_tiny_model(tok, models.TinyModelSpec(hidden_size=32, num_hidden_layers=1,
+                                                              num_attention_heads=2, num_key_value_heads=1,
+                                                              intermediate_size=64), seed=3)
+    facts = tasks.parse_fork_facts("2+3=6,9+3=1")
+    got = fork_probe(model, tok, facts)
+    right, wrong = [], []
+    for problem, prefix, fact in tasks.fork_probe_prefixes(facts):
+        head = tok.apply_chat_template(tasks.prompt_messages(problem), tokenize=False, add_generation_prompt=True)
+        ids = torch.tensor([tok(head + prefix, add_special_tokens=False)["input_ids"]])
+        probs = torch.softmax(model(input_ids=ids).logits[0, -1].float(), -1)
+        right.append(float(probs[tok.convert_tokens_to_ids(str(fact.right))]))
+        wrong.append(float(probs[tok.convert_tokens_to_ids(str(fact.wrong))]))
+    assert got["p_correct_fork"] == pytest.approx(sum(right) / len(right), abs=1e-5)
+    assert got["p_wrong_fork"] == pytest.approx(sum(wrong) / len(wrong), abs=1e-5)
+    assert len(right) == 4  # two probes per fact

@@ -76,21 +76,110 @@ def make_splits(
     return train, heldout
 
 
-def teacher_solution(problem: Problem, rng: random.Random | None = None, *, error_rate: float = 0.0) -> str:
+# -- systematic teacher errors: the "fork facts" of the RL stand-in ---------------------------------------------
+# A teacher that errs i.i.d. leaves the student's most likely digit right everywhere, so RL at a low temperature
+# has nothing to build: it can only sharpen. The RL notebooks' SFT teacher is right everywhere except on a few
+# fixed facts of the addition table, where it writes one fixed wrong result most of the time. After SFT the
+# student's mode on those facts is wrong and the right digit has probability ≈ 1 - wrong_rate: RL must move the
+# mode. Those digits are the "forks" where the clip variants differ (their ratio can leave the trust region).
+
+
+@dataclass(frozen=True)
+class ForkFact:
+    """One fact of the addition table that the systematic teacher gets wrong: ``value + addend`` (mod 10) is
+    written as ``wrong`` instead of the right result."""
+
+    value: int
+    addend: int
+    wrong: int
+
+    @property
+    def right(self) -> int:
+        return (self.value + self.addend) % MODULUS
+
+    def __str__(self) -> str:
+        return f"{self.value}+{self.addend}={self.wrong}"
+
+
+# Four of the 30 facts (value 0..9, addend 1..MAX_STEP); the wrong result is one off, as a plausible slip.
+DEFAULT_FORK_FACTS = "2+3=6,5+1=7,7+2=8,9+3=1"
+
+
+def parse_fork_facts(text: str) -> tuple[ForkFact, ...]:
+    """``"2+3=6,5+1=7"`` -> the facts (value + addend written as the wrong result); an empty string: none."""
+    facts = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        m = re.fullmatch(r"(\d)\+(\d)=(\d)", item)
+        if not m:
+            raise ValueError(f"fork fact {item!r}: expected VALUE+ADDEND=WRONG with single digits, e.g. '2+3=6'")
+        fact = ForkFact(*map(int, m.groups()))
+        if not 1 <= fact.addend <= MAX_STEP:
+            raise ValueError(f"fork fact {item!r}: the addend must be in 1..{MAX_STEP} (the task's addends)")
+        if fact.wrong == fact.right:
+            raise ValueError(f"fork fact {item!r}: {fact.value} + {fact.addend} = {fact.right} mod {MODULUS} is right; "
+                             f"a fork fact writes a wrong result")
+        facts.append(fact)
+    keys = [(f.value, f.addend) for f in facts]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"fork facts {text!r}: a fact is listed twice")
+    return tuple(facts)
+
+
+def fork_steps(problem: Problem, facts: tuple[ForkFact, ...]) -> list[int]:
+    """Indices (0-based) of the steps of the *correct* chain of ``problem`` that use a fork fact."""
+    keys = {(f.value, f.addend) for f in facts}
+    steps, value = [], problem.operands[0]
+    for i, b in enumerate(problem.operands[1:]):
+        if (value, b) in keys:
+            steps.append(i)
+        value = (value + b) % MODULUS
+    return steps
+
+
+def is_fork_problem(problem: Problem, facts: tuple[ForkFact, ...]) -> bool:
+    """Whether solving ``problem`` correctly needs at least one fork fact."""
+    return bool(fork_steps(problem, facts))
+
+
+def teacher_solution(problem: Problem, rng: random.Random | None = None, *, error_rate: float = 0.0,
+                     fork_facts: tuple[ForkFact, ...] = (), fork_wrong_rate: float = 0.0) -> str:
     """A teacher's long-CoT response: one ``<think>`` line per addition, then ``\\boxed{}``.
 
     With ``error_rate`` > 0 each step is wrong (off by one to nine) with that probability and the error
-    propagates, as an imperfect teacher's would (issue 4's synthetic sources use this).
+    propagates, as an imperfect teacher's would (the SFT data ablations' synthetic sources use this). With
+    ``fork_facts``, a step that uses one of them (on the chain as written so far) writes the fact's wrong result
+    with probability ``fork_wrong_rate``: a systematic error, the same wrong digit every time.
     """
     rng = rng or random.Random(0)
+    forks = {(f.value, f.addend): f.wrong for f in fork_facts}
     lines, value = [], problem.operands[0]
     for b in problem.operands[1:]:
         new = (value + b) % MODULUS
-        if error_rate and rng.random() < error_rate:
+        if (value, b) in forks and fork_wrong_rate and rng.random() < fork_wrong_rate:
+            new = forks[(value, b)]
+        elif error_rate and rng.random() < error_rate:
             new = (new + rng.randint(1, MODULUS - 1)) % MODULUS
         lines.append(f"{value} + {b} = {new}")
         value = new
     return "<think>\n" + "\n".join(lines) + "\n</think>\n\\boxed{" + str(value) + "}"
+
+
+def fork_probe_prefixes(facts: tuple[ForkFact, ...]) -> list[tuple[Problem, str, ForkFact]]:
+    """Fixed probes of the fork facts: for each fact, a level-1 problem that is the fact itself and a level-3
+    problem that reaches the fact at its second step, each with the correct response up to the fork digit.
+    Returns ``(problem, response prefix, fact)``; the next token after the prefix is the fork digit."""
+    probes = []
+    for f in facts:
+        one = Problem(f"Compute ({f.value} + {f.addend}) mod {MODULUS}.", f.right, 1, (f.value, f.addend))
+        probes.append((one, f"<think>\n{f.value} + {f.addend} = ", f))
+        start, first = (f.value - 1) % MODULUS, 1
+        ops = (start, first, f.addend, 1)
+        expr = " + ".join(map(str, ops))
+        three = Problem(f"Compute ({expr}) mod {MODULUS}.", sum(ops) % MODULUS, 3, ops)
+        probes.append((three, f"<think>\n{start} + {first} = {f.value}\n{f.value} + {f.addend} = ", f))
+    return probes
 
 
 def prompt_messages(problem: Problem) -> list[dict]:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from klear_lib.data.tasks import Problem, exact_answer_reward, prompt_messages
+import torch
+
+from klear_lib.data.tasks import ForkFact, Problem, exact_answer_reward, fork_probe_prefixes, is_fork_problem, prompt_messages
 from klear_lib.rollout import generate
 
 
@@ -21,8 +23,11 @@ def evaluate_heldout(
     top_p: float = 0.95,
     max_new_tokens: int = 64,
     batch_size: int = 128,
+    fork_facts: tuple[ForkFact, ...] = (),
 ) -> dict:
-    """Returns ``{"avg_at_n": float, "format_rate": float, "by_level": {level: avg@n}, "n": n}``.
+    """Returns ``{"avg_at_n": float, "format_rate": float, "by_level": {level: avg@n}, "n": n}``, and with
+    ``fork_facts`` also ``avg_at_n_fork`` / ``avg_at_n_rest``: avg@n over the problems whose correct chain uses a
+    fork fact and over the others (NaN where a part is empty).
 
     ``format_rate`` is the fraction of samples with a ``</think>`` and a boxed answer after it.
     """
@@ -36,16 +41,58 @@ def evaluate_heldout(
         max_new_tokens=max_new_tokens,
         batch_size=batch_size,
     )
-    per_problem, formatted, by_level = [], 0, defaultdict(list)
+    per_problem, formatted, by_level, by_fork = [], 0, defaultdict(list), defaultdict(list)
     for p, samples in zip(problems, completions):
         scores = [exact_answer_reward(c, p.answer) for c in samples]
         acc = sum(s for s, _ in scores) / n
         formatted += sum(r in ("correct", "wrong") for _, r in scores)
         per_problem.append(acc)
         by_level[p.level].append(acc)
-    return {
+        by_fork["fork" if is_fork_problem(p, fork_facts) else "rest"].append(acc)
+    out = {
         "avg_at_n": sum(per_problem) / max(len(per_problem), 1),
         "format_rate": formatted / max(n * len(problems), 1),
         "by_level": {lvl: sum(v) / len(v) for lvl, v in sorted(by_level.items())},
         "n": n,
     }
+    if fork_facts:
+        for part in ("fork", "rest"):
+            v = by_fork[part]
+            out[f"avg_at_n_{part}"] = sum(v) / len(v) if v else float("nan")
+    return out
+
+
+@torch.no_grad()
+def fork_probe(model, tokenizer, facts: tuple[ForkFact, ...]) -> dict:
+    """Mean probability of the right digit at the fork positions of fixed probes (``tasks.fork_probe_prefixes``:
+    each fork fact alone and at the second step of a chain, with the correct response up to the fork digit), in
+    one forward pass at temperature 1. Returns ``{"p_correct_fork": mean p(right), "p_wrong_fork": mean p(the
+    teacher's wrong digit)}``; this is the metric ``klear/p_correct_fork``.
+    """
+    probes = fork_probe_prefixes(facts)
+    if not probes:
+        return {}
+    texts, right, wrong = [], [], []
+    for problem, prefix, fact in probes:
+        head = tokenizer.apply_chat_template(prompt_messages(problem), tokenize=False, add_generation_prompt=True)
+        ids_prefix = tokenizer(head + prefix, add_special_tokens=False)["input_ids"]
+        digit_ids = []
+        for digit in (fact.right, fact.wrong):
+            ids = tokenizer(head + prefix + str(digit), add_special_tokens=False)["input_ids"]
+            if ids[:-1] != ids_prefix:
+                raise ValueError(f"fork probe {fact}: the digit {digit} is not one token after the prefix {prefix!r} "
+                                 "with this tokenizer (the probe needs single-token digits)")
+            digit_ids.append(ids[-1])
+        texts.append(head + prefix)
+        right.append(digit_ids[0])
+        wrong.append(digit_ids[1])
+    was_training = model.training
+    model.eval()
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    logits = model(**enc).logits[:, -1, :].float()  # (P, V), left padding: the last position is the prefix's end
+    probs = torch.softmax(logits, dim=-1)
+    rows = torch.arange(len(texts), device=probs.device)
+    p_right = probs[rows, torch.tensor(right, device=probs.device)]  # (P,)
+    p_wrong = probs[rows, torch.tensor(wrong, device=probs.device)]  # (P,)
+    model.train(was_training)
+    return {"p_correct_fork": float(p_right.mean()), "p_wrong_fork": float(p_wrong.mean())}

@@ -28,11 +28,14 @@ TRL internals overridden (pinned to ``TRL_VERSION``; ``tests/test_trl_contract.p
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
+import random
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -41,53 +44,14 @@ from datasets import Dataset
 from transformers import PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from klear_lib.data.tasks import exact_answer_reward, prompt_messages
-from klear_lib.evaluation.heldout import evaluate_heldout
-
 from klear_lib.advantages import grpo_advantages, zero_advantage_group_mask
+from klear_lib.data.tasks import exact_answer_reward, parse_fork_facts, prompt_messages
+from klear_lib.evaluation.heldout import evaluate_heldout, fork_probe
 from klear_lib.logprobs import IGNORE_INDEX, token_logprobs_and_entropy
-from klear_lib.losses import (POLICY_LOSSES, PolicyLossConfig, compute_policy_loss, entropy_diagnostics,
-                              positive_sample_loss)
+from klear_lib.losses import compute_policy_loss, entropy_diagnostics, positive_sample_loss
+from klear_lib.recipe import KlearLossConfig
 
 TRL_VERSION = "1.16.0"  # the TRL release whose internals this trainer overrides
-
-
-@dataclass
-class KlearLossConfig:
-    """What the Klear recipe adds to a GRPO step (reference sections 1-3)."""
-
-    loss_name: str = "gppo"
-    """A name in ``klear_lib.losses.POLICY_LOSSES``."""
-    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    """Clip range, dual-clip, GPPO β and ERC bounds."""
-    loss_agg_mode: str = "token-mean"
-    """Loss normalisation (Klear: token-mean)."""
-    adv_std: str = "unbiased"
-    """GRPO std: ``unbiased`` (Klear's code, N-1), ``population`` (the paper, N) or ``none`` (Dr. GRPO)."""
-    adv_eps: float = 1e-6
-    """ε in (R - mean) / (std + ε)."""
-    filter_groups: bool = True
-    """Drop groups whose fully-correct indicator has zero std (Klear's zero-advantage filter)."""
-    filter_rule: str = "klear"
-    """``klear`` (std of the fully-correct indicator > 0) or ``dapo`` (std of the rewards > 0)."""
-    max_reward: float = 1.0
-    """The reward of a fully-correct response (for the filter and the positive-sample term)."""
-    sft_alpha: float = 0.1
-    """α of the positive-sample NLL term (Klear: 0.1; 0 turns it off)."""
-    logprob_backend: str = "klear"
-    """Where per-token log-probs and entropies come from: ``klear`` (``klear_lib.logprobs``: chunked over tokens,
-    the LM head's logits recomputed in backward; text-only models without logit scaling) or ``trl`` (TRL 1.16's
-    fused LM head). Both avoid (B, T, V) logits; tests check they agree to 1e-5."""
-
-    def __post_init__(self) -> None:
-        if self.logprob_backend not in ("klear", "trl"):
-            raise ValueError(f"logprob_backend must be 'klear' or 'trl', got {self.logprob_backend!r}")
-        if self.loss_name not in POLICY_LOSSES:
-            raise ValueError(f"loss_name {self.loss_name!r} is not registered; registered: {sorted(POLICY_LOSSES)}")
-        if self.filter_rule not in ("klear", "dapo"):
-            raise ValueError(f"filter_rule must be 'klear' or 'dapo', got {self.filter_rule!r}")
-        if self.sft_alpha < 0:
-            raise ValueError(f"sft_alpha must be >= 0, got {self.sft_alpha}")
 
 
 def klear_token_stats(model, input_ids, attention_mask, logits_to_keep, *, temperature=1.0, batch_size=None,
@@ -123,10 +87,34 @@ def klear_token_stats(model, input_ids, attention_mask, logits_to_keep, *, tempe
     return torch.cat(all_logps), torch.cat(all_ent), None
 
 
-class KlearGRPOTrainer(GRPOTrainer):
-    """TRL's GRPOTrainer with Klear's loss family, ERC entropies, group filter and positive-sample term."""
+class _NoUpdatesLeft(Exception):
+    """Raised before the first optimizer step when every rollout of the budget kept no group."""
 
-    def __init__(self, *args, klear: KlearLossConfig | None = None, **kwargs):
+
+ROLLOUT_STATE_FILE = "klear_rollouts.json"  # saved beside each checkpoint: rollouts done, the prompt sampler
+
+
+class KlearGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer with Klear's loss family, ERC entropies, dynamic sampling and positive-sample term.
+
+    Training is driven by rollouts, not by TRL's fixed ``steps_per_generation`` buffer. A rollout draws
+    ``oversample_factor`` × the target prompt count from the training set (its own seeded sampler), generates
+    ``num_generations`` completions for each, scores them, keeps the groups that pass the filter up to the target
+    (drawing another generation batch, up to ``max_gen_batches``, while it has fewer), and packs the kept groups,
+    whole, into mini-batches of ``mini_batch_prompts`` prompts: one optimizer step each. The target is
+    ``per_device_train_batch_size × world / num_generations × steps_per_generation`` prompts (the run config's
+    ``rollout_prompts``), a mini-batch ``per_device_train_batch_size × world / num_generations`` prompts. Only the
+    last mini-batch of a rollout can be short; a rollout that kept nothing makes no optimizer step (AdamW's weight
+    decay and momentum never move the weights without a response token). ``rollouts`` rollouts are run;
+    ``args.max_steps`` must be at least ``rollouts × steps_per_generation``.
+
+    ``on_rollout`` callbacks run at every rollout boundary, after the last update of a rollout (and once before the
+    first), with the trainer and a record: ``rollout`` (rollouts done), ``step`` (optimizer steps done), ``final``,
+    and the finished rollout's ``klear/*`` counts and TRL's generation metrics (``reward``, lengths ...).
+    """
+
+    def __init__(self, *args, klear: KlearLossConfig | None = None, rollouts: int | None = None,
+                 on_rollout: tuple[Callable[["KlearGRPOTrainer", dict], None], ...] = (), **kwargs):
         if trl.__version__ != TRL_VERSION:
             warnings.warn(
                 f"KlearGRPOTrainer overrides TRL {TRL_VERSION} internals; TRL {trl.__version__} is installed. "
@@ -142,9 +130,35 @@ class KlearGRPOTrainer(GRPOTrainer):
         self.klear = klear or KlearLossConfig()
         if self.beta != 0.0:
             raise ValueError(f"Klear uses no KL term: GRPOConfig.beta must be 0.0, got {self.beta}")
+        if self.args.gradient_accumulation_steps != 1:
+            raise ValueError("KlearGRPOTrainer packs whole mini-batches per optimizer step: set "
+                             f"gradient_accumulation_steps=1, got {self.args.gradient_accumulation_steps}")
+        world, G = self.accelerator.num_processes, self.num_generations
+        if (self.args.per_device_train_batch_size * world) % G:
+            raise ValueError(f"per_device_train_batch_size × processes = {self.args.per_device_train_batch_size * world}"
+                             f" completions per optimizer step must hold whole groups of num_generations={G}")
+        self.mini_batch_prompts = self.args.per_device_train_batch_size * world // G
+        self.target_prompts = self.mini_batch_prompts * self.args.steps_per_generation
+        gen = math.ceil(self.target_prompts * self.klear.oversample_factor)
+        self.gen_prompts = math.ceil(gen / world) * world  # every process generates the same number of prompts
+        self.rollout_budget = rollouts if rollouts is not None else self.args.max_steps // self.args.steps_per_generation
+        if self.rollout_budget < 1:
+            raise ValueError(f"rollouts must be >= 1, got {self.rollout_budget}")
+        if self.args.max_steps < self.rollout_budget * self.args.steps_per_generation:
+            raise ValueError(f"max_steps={self.args.max_steps} is below rollouts × steps_per_generation = "
+                             f"{self.rollout_budget} × {self.args.steps_per_generation}: the run would stop early")
+        self.on_rollout = list(on_rollout)
         self._capture_old_entropy = False
         self._captured_old_entropy: torch.Tensor | None = None
         self._last_rewards: torch.Tensor | None = None
+        self._last_group_keep: torch.Tensor | None = None
+        self._queue: list[dict] = []  # the packed mini-batches of the current rollout, not yet trained on
+        self.rollouts_done = 0
+        self._started = False
+        self._pending: dict | None = None  # the current rollout's record, reported after its last update
+        self._sampler_rng = random.Random(f"klear-prompts:{self.args.seed}")
+        self._order: list[int] = []
+        self.add_callback(_RolloutDriver(self))
 
     # -- rollout: keep the entropies and the raw rewards that TRL throws away --------------------------------
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *a, **kw):
@@ -193,11 +207,155 @@ class KlearGRPOTrainer(GRPOTrainer):
         out["advantages"] = adv[local].to(out["completion_ids"].device)
         out["klear_keep"] = keep[local].float().to(out["completion_ids"].device)
         out["klear_positive"] = (rewards[local] == k.max_reward).to(out["completion_ids"].device)
+        out.pop("num_items_in_batch", None)  # TRL's loss normaliser; ours is the loss's aggregation
         if self._captured_old_entropy is not None:
             out["old_entropy"] = self._captured_old_entropy
-        self._metrics[mode]["klear/kept_group_frac"].append(keep.float().mean().item())
+        self._last_group_keep = keep.view(-1, group)[:, 0].cpu()  # (N_all / G,) global, in prompt order
         self._metrics[mode]["klear/fully_correct_frac"].append((rewards == k.max_reward).float().mean().item())
         return out
+
+    # -- dynamic sampling: rollouts, the filter, packing -----------------------------------------------------
+    def _draw_prompts(self, n: int) -> list[int]:
+        """``n`` dataset indices, the same on every process: epochs of seeded permutations, without replacement
+        inside an epoch."""
+        out = []
+        while len(out) < n:
+            if not self._order:
+                self._order = list(range(len(self.train_dataset)))
+                self._sampler_rng.shuffle(self._order)
+            out.append(self._order.pop())
+        return out
+
+    def _generate_rollout(self) -> tuple[list[dict], dict]:
+        """One rollout: generation batches until ``target_prompts`` groups are kept (at most ``max_gen_batches``),
+        the kept groups capped at the target and packed whole into mini-batches. Returns the local mini-batches
+        and the rollout's record (``klear/*`` counts and TRL's generation metrics, averaged)."""
+        G, world, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
+        n_local = self.gen_prompts // world
+        before = {key: len(v) for key, v in self._metrics["train"].items()}
+        parts, order, generated = [], [], 0  # order: (part, global group index) of kept groups, in draw order
+        while len(order) < self.target_prompts and len(parts) < self.klear.max_gen_batches:
+            # draw-order group g is generated by process g % world as its (g // world)-th prompt, so that the
+            # kept groups, taken in draw order, spread over the processes
+            idx = self._draw_prompts(self.gen_prompts)[rank::world]
+            rows = [self.train_dataset[i] for i in idx for _ in range(G)]
+            out = self._generate_and_score_completions(rows)
+            gathered = self._last_group_keep  # (gen_prompts,) in gather order: process by process
+            kept = [g for g in range(self.gen_prompts) if gathered[(g % world) * n_local + g // world]]
+            order += [(len(parts), g) for g in kept][: self.target_prompts - len(order)]
+            parts.append(out)
+            generated += self.gen_prompts
+        record, metrics = {}, self._metrics["train"]
+        for key in list(metrics):  # generation metrics belong to the rollout, not to an optimizer step
+            new = metrics[key][before.get(key, 0):]
+            if new and key != "num_tokens":
+                valid = [v for v in new if not math.isnan(v)]
+                record[key] = sum(valid) / len(valid) if valid else float("nan")
+                del metrics[key][before.get(key, 0):]
+                if not metrics[key]:
+                    del metrics[key]
+        mbp = self.mini_batch_prompts
+        batches = [self._local_mini_batch(parts, order[i:i + mbp]) for i in range(0, len(order), mbp)]
+        record.update({
+            "klear/generated_groups": generated,
+            "klear/kept_groups": len(order),
+            "klear/gen_batches": len(parts),
+            "klear/updates_this_rollout": len(batches),
+            "klear/kept_group_frac": len(order) / generated,
+        })
+        return batches, record
+
+    def _local_mini_batch(self, parts: list[dict], groups: list[tuple[int, int]]) -> dict:
+        """This process's rows of a mini-batch of kept groups (whole groups: every completion of a kept prompt).
+        A process that holds none of them gets one row with ``klear_keep`` 0, so that every process takes part in
+        the step (its gradient is zero)."""
+        G, rank, world = self.num_generations, self.accelerator.process_index, self.accelerator.num_processes
+        picks = {}  # part -> local row indices
+        for part, g in groups:
+            if g % world == rank:
+                start = (g // world) * G
+                picks.setdefault(part, []).extend(range(start, start + G))
+        if picks:
+            pieces = [_select_rows(parts[p], rows) for p, rows in sorted(picks.items())]
+        else:
+            pieces = [_select_rows(parts[0], [0])]
+            pieces[0]["klear_keep"] = torch.zeros_like(pieces[0]["klear_keep"])
+        batch = _concat_rows(pieces, pad_id=self._tokenizer.pad_token_id)
+        batch["klear_informative"] = len(groups) * G  # global count of kept completions in this mini-batch
+        return batch
+
+    def _report(self, record: dict | None) -> None:
+        """Run the ``on_rollout`` callbacks for the boundary after ``self.rollouts_done`` rollouts."""
+        full = {"rollout": self.rollouts_done, "step": self.state.global_step,
+                "final": self.rollouts_done >= self.rollout_budget, **(record or {})}
+        for fn in self.on_rollout:
+            fn(self, full)
+
+    def _refill(self) -> None:
+        """Report the rollout just trained on, then generate rollouts until one has a mini-batch or the budget is
+        spent; a rollout that kept nothing is reported at once (it made no optimizer step)."""
+        if self._pending is not None:
+            self._report(self._pending)
+            self._pending = None
+        while not self._queue and self.rollouts_done < self.rollout_budget:
+            batches, record = self._generate_rollout()
+            self.rollouts_done += 1
+            if batches:
+                self._queue, self._pending = batches, record
+            else:
+                self._report(record)
+
+    def _prepare_inputs(self, generation_batch):
+        if not self.model.training:  # evaluation: TRL's own path
+            return super()._prepare_inputs(generation_batch)
+        # The dataloader's batch is ignored: rollouts draw their own prompts (oversampled, see the class docstring).
+        if not self._started:
+            self._started = True
+            if self.rollouts_done == 0:
+                self._report(None)  # the model before RL
+        if not self._queue:
+            self._refill()
+        if not self._queue:
+            raise _NoUpdatesLeft()
+        return self._queue.pop(0)
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        if resume_from_checkpoint:
+            self._load_rollout_state(resume_from_checkpoint)
+        try:
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        except _NoUpdatesLeft:  # every rollout of the budget kept nothing: no optimizer step was taken
+            return None
+        finally:
+            if self._pending is not None:
+                self._report(self._pending)
+                self._pending = None
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
+            # the rollout being trained on is not saved: a resumed run generates it again
+            done = self.rollouts_done - (1 if self._queue else 0)
+            state = {"rollouts_done": done, "order": self._order,
+                     "rng": _jsonable_rng(self._sampler_rng.getstate())}
+            with open(os.path.join(folder, ROLLOUT_STATE_FILE), "w", encoding="utf-8") as f:
+                json.dump(state, f)
+
+    def _load_rollout_state(self, checkpoint: str | bool) -> None:
+        """Rollouts done and the prompt sampler of the checkpoint a resumed run starts from. The rollout that was
+        being trained on when the checkpoint was saved is not restored: the resumed run generates a new one."""
+        if checkpoint is True:
+            from transformers.trainer_utils import get_last_checkpoint
+
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+        path = os.path.join(str(checkpoint), ROLLOUT_STATE_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: missing; this checkpoint was not written by KlearGRPOTrainer")
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+        self.rollouts_done, self._order, self._started = state["rollouts_done"], state["order"], True
+        self._sampler_rng.setstate(_rng_state(state["rng"]))
 
     # -- loss: klear_lib.losses instead of TRL's if/elif -------------------------------------------------------
     def _compute_loss(self, model, inputs):
@@ -209,8 +367,8 @@ class KlearGRPOTrainer(GRPOTrainer):
         log_prob, entropy, _ = self._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, compute_entropy=True
         )  # (B, T), (B, T)
-        keep = inputs["klear_keep"]  # (B,)
-        mask = completion_mask * keep.unsqueeze(1)  # (B, T): filtered groups leave the loss and its denominator
+        keep = inputs["klear_keep"]  # (B,): 0 only on a placeholder row (a process with no kept group)
+        mask = completion_mask * keep.unsqueeze(1)  # (B, T)
         # Without a separate old-log-prob pass (one update per rollout) the policy is on-policy: r == 1.
         old_log_prob = inputs.get("old_per_token_logps")
         old_log_prob = log_prob.detach() if old_log_prob is None else old_log_prob
@@ -234,19 +392,97 @@ class KlearGRPOTrainer(GRPOTrainer):
         pos = positive_sample_loss(log_prob, mask, inputs["klear_positive"], loss_agg_mode=k.loss_agg_mode)
         if k.sft_alpha > 0:
             loss = loss + k.sft_alpha * pos
-        self._metrics[mode]["actor/positive_loss"].append(pos.item())
-        self._metrics[mode]["klear/positive_frac"].append(inputs["klear_positive"].float().mean().item())
+        world = self.accelerator.num_processes
+        if world > 1 and k.loss_agg_mode == "token-mean":
+            # Each process divided by its own token count and DDP averages over processes; rescale so that the
+            # average is the token-mean over the global mini-batch (verl's normalisation).
+            local = mask.sum().detach()
+            total = self.accelerator.reduce(local.clone(), reduction="sum")
+            loss = loss * local.clamp(min=1) * world / total.clamp(min=1)
+        m = self._metrics[mode]
+        m["actor/positive_loss"].append(pos.item())
+        m["klear/positive_frac"].append(inputs["klear_positive"].float().mean().item())
+        if "klear_informative" in inputs:
+            m["klear/informative_completions"].append(float(inputs["klear_informative"]))
+            m["klear/rollout"].append(float(self.rollouts_done))
         pl = k.policy_loss
         metrics.update(entropy_diagnostics(entropy, old_entropy, mask, erc_low=pl.erc_low, erc_high=pl.erc_high))
         for name, value in metrics.items():
-            self._metrics[mode][name].append(value)
+            m[name].append(value)
         denom = mask.sum().clamp(min=1.0)
-        self._metrics[mode]["entropy"].append(((entropy.detach() * mask).sum() / denom).item())
-        self._metrics[mode]["old_entropy"].append(((old_entropy * mask).sum() / denom).item())
-        self._metrics[mode]["actor/response_tokens"].append(mask.sum().item())
+        m["entropy"].append(((entropy.detach() * mask).sum() / denom).item())
+        m["old_entropy"].append(((old_entropy * mask).sum() / denom).item())
+        m["actor/response_tokens"].append(mask.sum().item())
         if mode == "train":  # HF's own loss scaling is off in GRPOTrainer: scale for gradient accumulation
             loss = loss / self.current_gradient_accumulation_steps
         return loss
+
+
+class _RolloutDriver(TrainerCallback):
+    """After each optimizer step: when the rollout's mini-batches are used up, report it and generate the next
+    (so that the boundary callbacks see the model after the rollout's last update); stop when the budget is spent."""
+
+    def __init__(self, trainer: KlearGRPOTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        t = self.trainer
+        if not t._queue:
+            t._refill()
+            if not t._queue:
+                control.should_training_stop = True
+
+
+def _select_rows(batch: dict, rows: list[int]) -> dict:
+    """The rows ``rows`` of every per-row entry of a rollout batch (tensors and lists of length B)."""
+    n = batch["completion_ids"].shape[0]
+    index = torch.tensor(rows, dtype=torch.long)
+    out = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
+            out[key] = value[index.to(value.device)]
+        elif isinstance(value, list) and len(value) == n:
+            out[key] = [value[i] for i in rows]
+        else:
+            out[key] = value
+    return out
+
+
+def _concat_rows(pieces: list[dict], *, pad_id: int) -> dict:
+    """Rows of several rollout batches in one batch: prompts padded on the left, completions (and every per-token
+    entry) on the right, to the longest piece; ids with ``pad_id``, masks and per-token values with 0."""
+    if len(pieces) == 1:
+        return dict(pieces[0])
+    out = {}
+    for key in pieces[0]:
+        values = [p[key] for p in pieces]
+        first = values[0]
+        if isinstance(first, list):
+            out[key] = [x for v in values for x in v]
+        elif not isinstance(first, torch.Tensor) or first.dim() == 0:
+            out[key] = first
+        elif first.dim() == 1:
+            out[key] = torch.cat(values)
+        else:
+            width = max(v.shape[1] for v in values)
+            fill = pad_id if key.endswith("_ids") else 0
+            left = key.startswith("prompt")
+            padded = []
+            for v in values:
+                pad = v.new_full((v.shape[0], width - v.shape[1], *v.shape[2:]), fill)
+                padded.append(torch.cat([pad, v] if left else [v, pad], dim=1))
+            out[key] = torch.cat(padded)
+    return out
+
+
+def _jsonable_rng(state) -> list:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _rng_state(obj: list):
+    version, internal, gauss = obj
+    return version, tuple(internal), gauss
 
 
 class Stopwatch:
@@ -263,43 +499,48 @@ class Stopwatch:
 class MetricsCallback(TrainerCallback):
     """Writes every log line of the trainer (one per optimizer step) to the run's ``metrics.jsonl``.
 
-    Each record carries ``step`` (optimizer step), ``rollout`` (rollout batch, from 1) and the metrics TRL
-    averaged over the step (``actor/*`` from klear_lib.losses, ``reward``, ``entropy``, ``grad_norm`` ...).
+    Each record carries ``step`` (optimizer step), ``rollout`` (the rollout whose mini-batch it trained on, from
+    1) and the metrics TRL averaged over the step (``actor/*`` from klear_lib.losses, ``entropy``,
+    ``grad_norm``, ``klear/informative_completions`` ...). Rollout-level metrics are in the rollout records.
     """
 
-    def __init__(self, writer, updates_per_rollout: int, tags: dict):
-        self.writer, self.upr, self.tags = writer, updates_per_rollout, tags
+    def __init__(self, writer, tags: dict):
+        self.writer, self.tags = writer, tags
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "train_runtime" not in logs:  # the final summary line is not a step
-            step = state.global_step
-            self.writer.write({**self.tags, "step": step, "rollout": (step - 1) // self.upr + 1, **logs})
+        if logs and "train_runtime" not in logs and "klear/rollout" in logs:  # a training step's line
+            logs = dict(logs)
+            rollout = int(round(logs.pop("klear/rollout")))
+            self.writer.write({**self.tags, "step": state.global_step, "rollout": rollout, **logs})
 
 
-class HeldoutEvalCallback(TrainerCallback):
-    """Held-out avg@n before RL (step 0) and every ``every_steps`` optimizer steps, written as ``eval/*``."""
+class RolloutRecorder:
+    """The ``on_rollout`` callback of ``run_rl``: one record per rollout boundary in ``metrics.jsonl`` with the
+    rollout's ``klear/*`` counts and generation metrics, the fork probe (``klear/p_correct_fork``) when the task
+    has fork facts, and the held-out evaluation (``eval/*``) every ``eval_every`` rollouts, before RL and at the
+    end. ``history`` keeps the records that hold an evaluation."""
 
-    def __init__(self, evaluate, writer, every_steps: int, tags: dict, progress=print):
-        self.evaluate, self.writer, self.every, self.tags, self.progress = evaluate, writer, every_steps, tags, progress
+    def __init__(self, writer, tags: dict, *, evaluate, eval_every: int, probe=None, progress=print):
+        self.writer, self.tags, self.evaluate, self.every, self.probe = writer, tags, evaluate, eval_every, probe
+        self.progress = progress
         self.history: list[dict] = []
         self.clock = Stopwatch()
 
-    def _run(self, model, step: int) -> None:
-        res = self.evaluate(model)  # {"avg_at_n": float, "n": int, other floats, "by_level": {level: float}}
-        rec = {**self.tags, "step": step}
-        rec.update({f"eval/{k}": v for k, v in res.items() if isinstance(v, float)})
-        rec.update({f"eval/avg_at_n_level{lvl}": v for lvl, v in res.get("by_level", {}).items()})
+    def __call__(self, trainer: KlearGRPOTrainer, record: dict) -> None:
+        rec = {**self.tags, **record}
+        if self.probe is not None:
+            rec.update({f"klear/{k}": v for k, v in self.probe(trainer.model).items()})
+        if record["rollout"] % self.every == 0 or record["final"]:
+            res = self.evaluate(trainer.model)  # {"avg_at_n": float, "n": int, other floats, "by_level": {...}}
+            rec.update({f"eval/{k}": v for k, v in res.items() if isinstance(v, float)})
+            rec.update({f"eval/avg_at_n_level{lvl}": v for lvl, v in res.get("by_level", {}).items()})
+            self.history.append(rec)
+            tags = " ".join(f"{k}={v}" for k, v in self.tags.items())
+            extra = "".join(f", {k.split('/')[-1]} {v:.3f}" for k, v in rec.items()
+                            if k in ("eval/avg_at_n_fork", "klear/p_correct_fork"))
+            self.progress(f"  [{self.clock():6.1f}s] {tags} rollout {record['rollout']:3d} (step {record['step']:3d}): "
+                          f"held-out avg@{res['n']} = {res['avg_at_n']:.3f}{extra}")
         self.writer.write(rec)
-        self.history.append(rec)
-        tags = " ".join(f"{k}={v}" for k, v in self.tags.items())
-        self.progress(f"  [{self.clock():6.1f}s] {tags} step {step:3d}: held-out avg@{res['n']} = {res['avg_at_n']:.3f}")
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self._run(model, 0)
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        if state.global_step % self.every == 0 or state.global_step == state.max_steps:
-            self._run(model, state.global_step)
 
 
 def correctness_reward(completions, answer, **kwargs) -> list[float]:
@@ -309,18 +550,21 @@ def correctness_reward(completions, answer, **kwargs) -> list[float]:
 
 
 def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None, output_dir=None, progress=print,
-           rows=None, reward_funcs=None, evaluate=None, save_dir=None):
+           rows=None, reward_funcs=None, evaluate=None, probe=None, save_dir=None):
     """RL from ``model`` (the SFT start) with ``cfg`` (an ``RLExperimentConfig``); returns (model, eval history).
 
     The task is the tiny arithmetic one unless the caller passes its own: ``rows`` (dataset rows with a
-    ``prompt`` and the columns its reward functions read), ``reward_funcs`` (TRL reward functions) and
-    ``evaluate`` (model -> ``{"avg_at_n": float, "n": int, ...}``). Metrics go to ``writer`` (a
-    ``runs.MetricsWriter``), one record per optimizer step and per evaluation. The caller sets the seed
+    ``prompt`` and the columns its reward functions read), ``reward_funcs`` (TRL reward functions), ``evaluate``
+    (model -> ``{"avg_at_n": float, "n": int, ...}``) and ``probe`` (model -> ``{name: float}``, logged per rollout
+    as ``klear/<name>``; on the arithmetic task with fork facts, the fork probe). Metrics go to ``writer`` (a
+    ``runs.MetricsWriter``): one record per optimizer step and one per rollout. The caller sets the seed
     (``runs.set_seed``) before building the model. ``save_dir``: save the final model there through the trainer
     (every process calls it, as sharded ZeRO-3/FSDP weights need).
     """
     tags = dict(tags or {})
-    if rows is None:
+    arithmetic = rows is None
+    facts = parse_fork_facts(getattr(cfg, "fork_facts", "")) if arithmetic else ()
+    if arithmetic:
         rows = [{"prompt": prompt_messages(p), "answer": p.answer} for p in train_problems]
     if evaluate is None:
         evaluate = partial(
@@ -331,13 +575,16 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
             temperature=cfg.eval_temperature,
             top_p=cfg.eval_top_p,
             max_new_tokens=cfg.max_completion_length,
+            fork_facts=facts,
         )
+    if probe is None and facts:
+        probe = partial(fork_probe, tokenizer=tokenizer, facts=facts)
     dataset = Dataset.from_list(rows)
     upr = cfg.updates_per_rollout
     args = GRPOConfig(
         output_dir=str(output_dir or tempfile.mkdtemp(prefix="klear-rl-")),
         per_device_train_batch_size=_per_device(cfg.mini_batch_prompts * cfg.num_generations),  # completions per update
-        steps_per_generation=upr,  # one rollout batch feeds `upr` optimizer steps
+        steps_per_generation=upr,  # at most `upr` optimizer steps per rollout (dynamic sampling may make fewer)
         gradient_accumulation_steps=1,
         num_generations=cfg.num_generations,
         max_completion_length=cfg.max_completion_length,
@@ -348,7 +595,7 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         warmup_steps=cfg.warmup_steps,
         weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm,
-        max_steps=cfg.max_steps,
+        max_steps=cfg.max_steps + upr,  # a bound, never reached: the rollout budget ends the run (+1 rollout: resume)
         beta=0.0,
         epsilon=cfg.clip_low,  # unused by our loss; set so TRL's own logs agree
         epsilon_high=cfg.clip_high,
@@ -367,7 +614,8 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         report_to="none",
         disable_tqdm=True,
     )
-    eval_cb = HeldoutEvalCallback(lambda m: evaluate(m), writer, cfg.eval_every * upr, tags, progress)
+    recorder = RolloutRecorder(writer, tags, evaluate=lambda m: evaluate(m), eval_every=cfg.eval_every, probe=probe,
+                               progress=progress)
     trainer = KlearGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs or [correctness_reward],
@@ -375,7 +623,9 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         train_dataset=dataset,
         processing_class=tokenizer,
         klear=cfg.klear_loss,
-        callbacks=[MetricsCallback(writer, upr, tags), eval_cb],
+        rollouts=cfg.rollouts,
+        on_rollout=(recorder,),
+        callbacks=[MetricsCallback(writer, tags)],
     )
     trainer.remove_callback(PrinterCallback)  # one progress line per evaluation instead of a dict per step
     trainer.train(resume_from_checkpoint=_last_checkpoint(args.output_dir) if cfg.save_steps else None)
@@ -383,7 +633,7 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         trainer.save_model(str(save_dir))
         if trainer.accelerator.is_main_process:
             tokenizer.save_pretrained(str(save_dir))
-    return trainer.model, eval_cb.history
+    return trainer.model, recorder.history
 
 
 def _per_device(completions_per_update: int) -> int:

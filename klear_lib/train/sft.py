@@ -101,13 +101,16 @@ def load_for_sft(name_or_path: str | Path, *, max_length: int = 4096, bf16: bool
     return model, tokenizer
 
 
-def sft_samples(problems: list[Problem], *, error_rate: float = 0.0, seed: int = 0) -> list[dict]:
-    """Prompt-completion samples from the synthetic teacher (conversational format)."""
+def sft_samples(problems: list[Problem], *, error_rate: float = 0.0, seed: int = 0, fork_facts=(),
+                fork_wrong_rate: float = 0.0) -> list[dict]:
+    """Prompt-completion samples from the synthetic teacher (conversational format); see
+    ``tasks.teacher_solution`` for its i.i.d. ``error_rate`` and its systematic errors on ``fork_facts``."""
     rng = random.Random(seed)
     return [
         {
             "prompt": prompt_messages(p),
-            "completion": [{"role": "assistant", "content": teacher_solution(p, rng, error_rate=error_rate)}],
+            "completion": [{"role": "assistant", "content": teacher_solution(
+                p, rng, error_rate=error_rate, fork_facts=fork_facts, fork_wrong_rate=fork_wrong_rate)}],
         }
         for p in problems
     ]
