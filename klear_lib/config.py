@@ -149,6 +149,8 @@ class RLExperimentConfig(TaskModelConfig):
     max_gen_batches: int = 1
     """Generation batches a rollout may draw until it keeps ``rollout_prompts`` groups (DAPO's
     ``max_num_gen_batches``); a rollout that keeps fewer makes fewer optimizer steps."""
+    random_stop_frac: float = 0.0
+    """The ERC control (notebook 04): each response token loses its policy gradient with this probability."""
     rollouts: int = 10
     """Rollouts (generation rounds). Each makes up to rollout_prompts / mini_batch_prompts optimizer steps: one per
     packed mini-batch of kept groups."""
@@ -255,6 +257,7 @@ class RLExperimentConfig(TaskModelConfig):
             filter_rule=self.filter_rule,
             oversample_factor=self.oversample_factor,
             max_gen_batches=self.max_gen_batches,
+            random_stop_frac=self.random_stop_frac,
             sft_alpha=self.sft_alpha,
         )
 

@@ -1,9 +1,19 @@
-"""Notebook set-up shared by every ablation notebook."""
+"""What every ablation notebook does around its experiment: quiet libraries, parse list parameters, open the run
+directory where the report looks, write the summary with its beside-the-paper table and its claims checked."""
 
 from __future__ import annotations
 
 import logging
+import os
 import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from klear_lib import claims as claims_mod
+from klear_lib import runs
+
+OUTPUT_ROOT_ENV = "KLEAR_OUTPUT_ROOT"
 
 
 def quiet() -> None:
@@ -18,3 +28,83 @@ def quiet() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", message="IProgress not found")
     logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def repo_root() -> Path | None:
+    """The checkout that holds this package (its ``notebooks/`` beside ``klear_lib/``), or None when installed
+    elsewhere."""
+    candidate = Path(__file__).resolve().parent.parent
+    return candidate if (candidate / "notebooks").is_dir() and (candidate / "klear_lib").is_dir() else None
+
+
+def output_root() -> Path:
+    """Where run directories go, whatever the working directory (JupyterLab starts kernels in ``notebooks/``):
+    ``$KLEAR_OUTPUT_ROOT`` if set, else the checkout's ``outputs/``, else ``./outputs``."""
+    env = os.environ.get(OUTPUT_ROOT_ENV)
+    if env:
+        return Path(env).resolve()
+    root = repo_root()
+    return (root / "outputs") if root is not None else Path.cwd().resolve() / "outputs"
+
+
+def start_run(name: str, run_dir: str, config: Any) -> Path:
+    """The run directory of notebook ``name``: ``run_dir`` when ``klear run``/papermill set it, else a new
+    ``<output root>/<name>/<stamp>``; writes the resolved config, versions and commit there and returns it."""
+    path = Path(run_dir).resolve() if run_dir else runs.create_run_dir(output_root(), name)
+    path.mkdir(parents=True, exist_ok=True)
+    runs.write_run_metadata(path, config)
+    return path
+
+
+def cache_root() -> Path:
+    """Shared by every notebook's runs: models that several notebooks start from (the SFT warm start)."""
+    return output_root() / ".cache"
+
+
+def parse_list(value: Any, name: str, cast: Callable[[str], Any] = str, *, allowed=None) -> list:
+    """A list parameter, written as a comma-separated string (``"0,1,2"``); a single number is a one-item list
+    (``-p seeds=1`` gives the int 1). Empty items are errors, as are items ``cast`` refuses or not in ``allowed``;
+    every message names the parameter and the value."""
+    if isinstance(value, bool) or value is None:
+        raise ValueError(f"{name} = {value!r}: expected a comma-separated list, e.g. '0,1,2'")
+    text = str(value)
+    items = [s.strip() for s in text.split(",")]
+    if not text.strip() or any(not s for s in items):
+        raise ValueError(f"{name} = {value!r}: expected a comma-separated list without empty items, e.g. '0,1,2'")
+    out = []
+    for item in items:
+        try:
+            out.append(cast(item))
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} = {value!r}: {item!r} is not a valid {getattr(cast, '__name__', 'value')}") from None
+    if allowed is not None:
+        bad = [x for x in out if x not in allowed]
+        if bad:
+            raise ValueError(f"{name} = {value!r}: unknown {bad}; valid: {list(allowed)}")
+    if len(set(map(str, out))) != len(out):
+        raise ValueError(f"{name} = {value!r}: an item is repeated")
+    return out
+
+
+BESIDE_PAPER_FIELDS = ("caption", "columns", "rows")
+
+
+def check_beside_paper(table: Mapping) -> Mapping:
+    """The ``summary["beside_paper"]`` contract: caption, columns, rows (each as long as columns), optional note."""
+    missing = [f for f in BESIDE_PAPER_FIELDS if f not in table]
+    if missing:
+        raise ValueError(f"beside_paper: missing {missing}")
+    width = len(table["columns"])
+    for i, row in enumerate(table["rows"]):
+        if len(row) != width:
+            raise ValueError(f"beside_paper.rows[{i}] has {len(row)} cells for {width} columns {table['columns']}")
+    return table
+
+
+def write_summary(run_path: Path, summary: Mapping) -> None:
+    """``runs.write_summary`` after checking the beside-the-paper table and the claims (``klear_lib.claims``)."""
+    if "beside_paper" in summary:
+        check_beside_paper(summary["beside_paper"])
+    if "claims" in summary:
+        claims_mod.validate_claims(summary["claims"], where="summary['claims']")
+    runs.write_summary(run_path, summary)

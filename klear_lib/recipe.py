@@ -45,6 +45,10 @@ class KlearLossConfig:
     """The reward of a fully-correct response (for the filter and the positive-sample term)."""
     sft_alpha: float = 0.1
     """α of the positive-sample NLL term (Klear: 0.1; 0 turns it off)."""
+    random_stop_frac: float = 0.0
+    """A control for ERC, not a method: each response token loses its policy-gradient (keeps its value and its
+    place in the token-mean) with this probability, drawn from the trainer's own seeded generator. Set to the
+    fraction ERC stopped, it separates "ERC stops the right tokens" from "ERC stops some tokens"."""
     logprob_backend: str = "klear"
     """Where per-token log-probs and entropies come from: ``klear`` (``klear_lib.logprobs``: chunked over tokens,
     the LM head's logits recomputed in backward; text-only models without logit scaling) or ``trl`` (TRL 1.16's
@@ -68,6 +72,8 @@ class KlearLossConfig:
             raise bad("sft_alpha", "be >= 0")
         if not self.adv_eps >= 0:
             raise bad("adv_eps", "be >= 0")
+        if not 0 <= self.random_stop_frac < 1:
+            raise bad("random_stop_frac", "be in [0, 1)")
         if not self.oversample_factor >= 1:
             raise bad("oversample_factor", "be >= 1 (1: generate exactly the target prompt count)")
         if isinstance(self.max_gen_batches, bool) or not isinstance(self.max_gen_batches, int) or self.max_gen_batches < 1:

@@ -292,3 +292,51 @@ def test_klear_backend_refuses_scaled_logits(tiny, tmp_path):
         klear_token_stats(trainer.model, ids, torch.ones_like(ids), 3)
     with pytest.raises(ValueError, match="logprob_backend"):
         KlearLossConfig(logprob_backend="naive")
+
+
+def test_random_stop_control_keeps_the_value_and_drops_the_drawn_tokens_gradient(tiny, tmp_path):
+    """The ERC control: the loss value is the plain loss's; the gradient is the loss's with the drawn tokens'
+    log-probs detached (the draws replayed from the trainer's own seeded generator)."""
+    klear = KlearLossConfig(loss_name="ppo_clip", filter_groups=False, sft_alpha=0.0, random_stop_frac=0.5)
+    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=2, rollouts=1)
+    batches = record_batches(trainer)
+    trainer.train()
+    inp = batches[1]
+    model = trainer.model
+    trainer._random_stop = torch.Generator().manual_seed(7)
+    model.zero_grad()
+    loss = trainer._compute_loss(model, inp)
+    loss.backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    mask = inp["completion_mask"] * inp["klear_keep"].unsqueeze(1)
+    stopped = (torch.rand(mask.shape, generator=torch.Generator().manual_seed(7)) < 0.5) & mask.bool()
+    assert 0.3 < stopped.sum() / mask.sum() < 0.7
+    model.zero_grad()
+    logp, ent = naive_logps_entropy(model, inp, TEMPERATURE)
+    plain, _ = compute_policy_loss("ppo_clip", old_log_prob=inp["old_per_token_logps"], log_prob=logp,
+                                   advantages=inp["advantages"], response_mask=mask)
+    masked, _ = compute_policy_loss("ppo_clip", old_log_prob=inp["old_per_token_logps"],
+                                    log_prob=torch.where(stopped, logp.detach(), logp),
+                                    advantages=inp["advantages"], response_mask=mask)
+    assert torch.allclose(loss, plain, atol=1e-5)  # the value is untouched
+    masked.backward()
+    for name, p in model.named_parameters():
+        assert torch.allclose(got[name], p.grad, atol=1e-5), name
+    steps = [h for h in trainer.state.log_history if "actor/random_stop_frac" in h]
+    assert steps and all(0.2 < h["actor/random_stop_frac"] < 0.8 for h in steps)
+
+
+def test_fork_token_mask_marks_the_result_digit_of_fork_steps(tiny):
+    _, tok, _ = tiny
+    facts = tasks.parse_fork_facts("2+3=6")
+    text = "<think>\n1 + 1 = 2\n2 + 3 = 6\n6 + 1 = 7\n</think>\n\\boxed{7}"
+    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"] + [tok.pad_token_id] * 3])
+    mask = torch.ones_like(ids)
+    mask[0, -3:] = 0
+    fm = tasks.fork_token_mask(tok, ids, mask, facts)
+    marked = [tok.decode([i]) for i in ids[0][fm[0]].tolist()]
+    assert marked == ["6"]
+    # the marked token is the one right after "2 + 3 = "
+    pos = int(fm[0].nonzero()[0])
+    assert tok.decode(ids[0, :pos].tolist()).endswith("2 + 3 = ")
+    assert not tasks.fork_token_mask(tok, ids, mask, ()).any()

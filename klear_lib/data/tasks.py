@@ -166,6 +166,36 @@ def teacher_solution(problem: Problem, rng: random.Random | None = None, *, erro
     return "<think>\n" + "\n".join(lines) + "\n</think>\n\\boxed{" + str(value) + "}"
 
 
+_STEP_LINE = re.compile(r"(\d) \+ (\d) = (\d)")
+
+
+def fork_token_mask(tokenizer, completion_ids, completion_mask, facts: tuple[ForkFact, ...]):
+    """(B, T) bool: the completion tokens that write the result of a fork fact, as the completion wrote the step
+    (``v + b = c`` with (v, b) a fork fact: the token of c), within ``completion_mask``. The trainer restricts its
+    clip statistics to these tokens (``actor/*_fork``): there the clip variants differ."""
+    import torch
+
+    keys = {(f.value, f.addend) for f in facts}
+    out = torch.zeros_like(completion_mask, dtype=torch.bool)
+    if not keys:
+        return out
+    for row, (ids, mask) in enumerate(zip(completion_ids.tolist(), completion_mask.tolist())):
+        n = int(sum(mask))
+        pieces = tokenizer.batch_decode([[i] for i in ids[:n]])
+        ends, total = [], 0
+        for piece in pieces:
+            total += len(piece)
+            ends.append(total)
+        text = "".join(pieces)
+        for m in _STEP_LINE.finditer(text):
+            if (int(m.group(1)), int(m.group(2))) in keys:
+                pos = m.start(3)  # the result digit's character: the token whose span holds it
+                tok = next((i for i, e in enumerate(ends) if e > pos), None)
+                if tok is not None:
+                    out[row, tok] = True
+    return out & completion_mask.bool()
+
+
 def fork_probe_prefixes(facts: tuple[ForkFact, ...]) -> list[tuple[Problem, str, ForkFact]]:
     """Fixed probes of the fork facts: for each fact, a level-1 problem that is the fact itself and a level-3
     problem that reaches the fact at its second step, each with the correct response up to the fork digit.

@@ -45,7 +45,7 @@ from transformers import PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from klear_lib.advantages import grpo_advantages, zero_advantage_group_mask
-from klear_lib.data.tasks import exact_answer_reward, parse_fork_facts, prompt_messages
+from klear_lib.data.tasks import exact_answer_reward, fork_token_mask, parse_fork_facts, prompt_messages
 from klear_lib.evaluation.heldout import evaluate_heldout, fork_probe
 from klear_lib.logprobs import IGNORE_INDEX, token_logprobs_and_entropy
 from klear_lib.losses import compute_policy_loss, entropy_diagnostics, positive_sample_loss
@@ -114,7 +114,8 @@ class KlearGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args, klear: KlearLossConfig | None = None, rollouts: int | None = None,
-                 on_rollout: tuple[Callable[["KlearGRPOTrainer", dict], None], ...] = (), **kwargs):
+                 on_rollout: tuple[Callable[["KlearGRPOTrainer", dict], None], ...] = (),
+                 focus: Callable | None = None, **kwargs):
         if trl.__version__ != TRL_VERSION:
             warnings.warn(
                 f"KlearGRPOTrainer overrides TRL {TRL_VERSION} internals; TRL {trl.__version__} is installed. "
@@ -148,6 +149,9 @@ class KlearGRPOTrainer(GRPOTrainer):
             raise ValueError(f"max_steps={self.args.max_steps} is below rollouts × steps_per_generation = "
                              f"{self.rollout_budget} × {self.args.steps_per_generation}: the run would stop early")
         self.on_rollout = list(on_rollout)
+        self.focus = focus  # (prompt_ids, completion_ids, completion_mask) -> (B, T) bool: the tokens the clip
+        # statistics are also restricted to (``actor/*_fork``), e.g. the fork digits of the arithmetic task
+        self._random_stop = torch.Generator().manual_seed(self.args.seed)  # the ERC control's own draws
         self._capture_old_entropy = False
         self._captured_old_entropy: torch.Tensor | None = None
         self._last_rewards: torch.Tensor | None = None
@@ -375,10 +379,15 @@ class KlearGRPOTrainer(GRPOTrainer):
         old_entropy = inputs.get("old_entropy")
         old_entropy = entropy.detach() if old_entropy is None else old_entropy
         k = self.klear
+        pg_log_prob, stopped = log_prob, None
+        if k.random_stop_frac > 0:  # the ERC control: a random token mask, same effect as ERC's stop-gradient
+            draw = torch.rand(mask.shape, generator=self._random_stop).to(mask.device)
+            stopped = (draw < k.random_stop_frac) & mask.bool()  # (B, T)
+            pg_log_prob = torch.where(stopped, log_prob.detach(), log_prob)
         loss, metrics = compute_policy_loss(
             k.loss_name,
             old_log_prob=old_log_prob,
-            log_prob=log_prob,
+            log_prob=pg_log_prob,
             advantages=inputs["advantages"],
             response_mask=mask,
             loss_agg_mode=k.loss_agg_mode,
@@ -407,6 +416,10 @@ class KlearGRPOTrainer(GRPOTrainer):
             m["klear/rollout"].append(float(self.rollouts_done))
         pl = k.policy_loss
         metrics.update(entropy_diagnostics(entropy, old_entropy, mask, erc_low=pl.erc_low, erc_high=pl.erc_high))
+        if stopped is not None:
+            metrics["actor/random_stop_frac"] = float(stopped.sum() / mask.sum().clamp(min=1))
+        if self.focus is not None:
+            metrics.update(self._focus_metrics(inputs, mask, old_log_prob, log_prob, entropy, old_entropy))
         for name, value in metrics.items():
             m[name].append(value)
         denom = mask.sum().clamp(min=1.0)
@@ -416,6 +429,23 @@ class KlearGRPOTrainer(GRPOTrainer):
         if mode == "train":  # HF's own loss scaling is off in GRPOTrainer: scale for gradient accumulation
             loss = loss / self.current_gradient_accumulation_steps
         return loss
+
+
+    @torch.no_grad()
+    def _focus_metrics(self, inputs, mask, old_log_prob, log_prob, entropy, old_entropy) -> dict:
+        """The clip statistics of the loss restricted to the ``focus`` tokens, and their share of the tokens."""
+        fmask = self.focus(inputs["prompt_ids"], inputs["completion_ids"], mask) & mask.bool()  # (B, T)
+        out = {"klear/fork_token_frac": float(fmask.sum() / mask.sum().clamp(min=1))}
+        if bool(fmask.any()):
+            k = self.klear
+            _, m = compute_policy_loss(k.loss_name, old_log_prob=old_log_prob, log_prob=log_prob.detach(),
+                                       advantages=inputs["advantages"], response_mask=fmask.float(),
+                                       loss_agg_mode=k.loss_agg_mode, config=k.policy_loss, entropy=entropy.detach(),
+                                       old_entropy=old_entropy)
+            for name in ("actor/pg_clipfrac_low", "actor/pg_clipfrac_high", "actor/gppo_preserved_frac",
+                         "actor/erc_frac_low", "actor/erc_frac_high", "actor/ratio_mean"):
+                out[f"{name}_fork"] = m[name]
+        return out
 
 
 class _RolloutDriver(TrainerCallback):
@@ -579,6 +609,10 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         )
     if probe is None and facts:
         probe = partial(fork_probe, tokenizer=tokenizer, facts=facts)
+    focus = None
+    if facts:
+        def focus(prompt_ids, completion_ids, completion_mask):
+            return fork_token_mask(tokenizer, completion_ids, completion_mask, facts)
     dataset = Dataset.from_list(rows)
     upr = cfg.updates_per_rollout
     args = GRPOConfig(
@@ -625,6 +659,7 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         klear=cfg.klear_loss,
         rollouts=cfg.rollouts,
         on_rollout=(recorder,),
+        focus=focus,
         callbacks=[MetricsCallback(writer, tags)],
     )
     trainer.remove_callback(PrinterCallback)  # one progress line per evaluation instead of a dict per step

@@ -183,26 +183,87 @@ class WarmStart:
     """Held-out evaluation of the SFT model (``evaluate_heldout``'s result)."""
 
 
-def arithmetic_warm_start(cfg, out_dir: str | Path, *, progress=print) -> WarmStart:
+# What the SFT warm start depends on: the config fields below, the code that builds it, the package versions.
+WARM_START_FIELDS = ("model", "tiny_hidden", "tiny_layers", "vocab_size", "data_seed", "n_train", "n_heldout", "levels",
+                     "sft_lr", "sft_epochs", "sft_batch_size", "sft_error_rate", "fork_facts", "fork_wrong_rate",
+                     "seed", "use_cpu", "bf16")
+_WARM_START_SOURCES = ("data/tasks.py", "train/sft.py", "models.py")
+
+
+def warm_start_key(cfg) -> str:
+    """A digest of everything the SFT warm start of ``cfg`` depends on (``WARM_START_FIELDS``, the source of the
+    modules that build it, the versions of torch, transformers and trl): equal keys, interchangeable models."""
+    import hashlib
+    import json
+
+    from klear_lib import runs
+
+    root = Path(__file__).resolve().parent.parent
+    payload = {
+        "fields": {f: getattr(cfg, f) for f in WARM_START_FIELDS},
+        "source": {s: hashlib.sha256((root / s).read_bytes()).hexdigest() for s in _WARM_START_SOURCES},
+        "versions": runs.package_versions(("torch", "transformers", "trl")),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def arithmetic_warm_start(cfg, out_dir: str | Path, *, cache_root: str | Path | None = None,
+                          progress=print) -> WarmStart:
     """The RL notebooks' common first stage on the arithmetic task, from an ``RLExperimentConfig``: the fixed
-    splits, the starting model (``models.model_for``), SFT on the synthetic teacher at ``cfg.sft_error_rate``
-    (saved under ``out_dir/final``), and the held-out evaluation of the result at the evaluation protocol."""
+    splits, the starting model (``models.model_for``), SFT on the synthetic teacher (its systematic errors on
+    ``cfg.fork_facts``, its i.i.d. ``cfg.sft_error_rate``), and the held-out evaluation of the result at the
+    evaluation protocol, with the fork / rest split.
+
+    With ``cache_root``, the SFT model is trained once per ``warm_start_key(cfg)`` into ``cache_root/<key>`` and
+    reused by every later call (notebooks 03, 04, 06 and 07 share it); ``out_dir/sft_start.json`` records which.
+    Without it, the model is trained into ``out_dir``.
+    """
+    import json
+    import os
+    import shutil
     import time
 
     from klear_lib import models, runs
     from klear_lib.data import tasks
-    from klear_lib.evaluation.heldout import evaluate_heldout
+    from klear_lib.evaluation.heldout import evaluate_heldout, fork_probe
 
     clock = time.perf_counter()
     runs.set_seed(cfg.seed)
+    facts = tasks.parse_fork_facts(cfg.fork_facts)
     train, heldout = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, cfg.level_list)
-    model, tokenizer = models.model_for(cfg, tasks.corpus(train))
-    progress(f"model: {cfg.model}, {models.count_parameters(model):,} parameters, vocabulary {len(tokenizer)}")
-    model = run_sft(model, tokenizer, sft_samples(train, error_rate=cfg.sft_error_rate, seed=cfg.data_seed),
-                    out_dir, SFTStageConfig.from_experiment(cfg))
+    out_dir = Path(out_dir)
+    key = warm_start_key(cfg)
+    folder = Path(cache_root) / key if cache_root is not None else out_dir
+    if cache_root is not None and (folder / "final").is_dir():
+        model, tokenizer = models.load_model_and_tokenizer(folder / "final", dtype=torch.float32)
+        progress(f"SFT start: reusing the cached model {folder} (key {key})")
+    else:
+        work = folder.with_name(f"{folder.name}.tmp-{os.getpid()}") if cache_root is not None else folder
+        model, tokenizer = models.model_for(cfg, tasks.corpus(train))
+        progress(f"model: {cfg.model}, {models.count_parameters(model):,} parameters, vocabulary {len(tokenizer)}; "
+                 f"SFT on {len(train)} teacher samples (fork facts {cfg.fork_facts or 'none'} written wrong "
+                 f"{cfg.fork_wrong_rate:.0%} of the time)")
+        samples = sft_samples(train, error_rate=cfg.sft_error_rate, seed=cfg.data_seed, fork_facts=facts,
+                              fork_wrong_rate=cfg.fork_wrong_rate)
+        model = run_sft(model, tokenizer, samples, work, SFTStageConfig.from_experiment(cfg))
+        if cache_root is not None:
+            for sub in work.iterdir():  # keep the model only: checkpoints are not needed by anyone
+                if sub.name != "final":
+                    shutil.rmtree(sub) if sub.is_dir() else sub.unlink()
+            try:
+                os.replace(work, folder)  # atomic: a concurrent run finds a whole model or none
+            except OSError:  # another run got there first: use its model, drop ours
+                shutil.rmtree(work, ignore_errors=True)
     start = evaluate_heldout(model, tokenizer, heldout, n=cfg.eval_n, temperature=cfg.eval_temperature,
-                             top_p=cfg.eval_top_p, max_new_tokens=cfg.max_completion_length)
-    progress(f"SFT start: held-out avg@{start['n']} = {start['avg_at_n']:.3f}, format {start['format_rate']:.2f}, "
-             f"by level {({k: round(v, 3) for k, v in start['by_level'].items()})} "
-             f"({time.perf_counter() - clock:.0f}s)")
-    return WarmStart(train, heldout, tokenizer, model, Path(out_dir) / "final", start)
+                             top_p=cfg.eval_top_p, max_new_tokens=cfg.max_completion_length, fork_facts=facts)
+    if facts:
+        start.update(fork_probe(model, tokenizer, facts))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "sft_start.json").write_text(runs.to_json_text(
+        {"key": key, "model_dir": str(folder / "final"), "start": start}, "sft_start", indent=2) + "\n")
+    parts = "".join(f", {k.removeprefix('avg_at_n_')} {start[k]:.3f}" for k in ("avg_at_n_fork", "avg_at_n_rest")
+                    if k in start)
+    probe = f", p(right digit at the forks) {start['p_correct_fork']:.3f}" if "p_correct_fork" in start else ""
+    progress(f"SFT start: held-out avg@{start['n']} at T {cfg.eval_temperature} = {start['avg_at_n']:.3f}{parts}{probe}"
+             f" ({time.perf_counter() - clock:.0f}s)")
+    return WarmStart(train, heldout, tokenizer, model, folder / "final", start)

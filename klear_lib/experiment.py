@@ -1,0 +1,170 @@
+"""An experiment's units of work (an arm × a seed, one SFT source, ...) run in worker processes, each recorded
+when it finishes, so that an interrupted run resumes without redoing them.
+
+    jobs = [Job("gppo/seed=0", "klear_lib.train.rl_jobs:rl_unit", {"config": {...}, "start": ..., "tags": {...}})]
+    results = run_jobs(jobs, run_dir, workers=2)
+
+Each job calls ``fn(**kwargs, metrics_path=...)`` in a worker process (``spawn``; the function must be importable,
+not defined in a notebook), writes its metric records to ``run_dir/units/<job>.jsonl`` and, when it returns, its
+result (a JSON-able dict) to ``run_dir/units/<job>.json``: that file is the job's "done" mark. On a second call
+with the same run directory, done jobs are skipped and their results read back; an unfinished job's partial
+records are discarded and it runs again. After every finished job, ``metrics.jsonl`` is rewritten from the done
+jobs' records in job order (atomically), so it never holds a record twice and always holds every finished job.
+
+Why processes: the tiny model is too small for two threads to speed one run up much, but two runs at a time,
+one thread each, nearly double the throughput on two cores. Every job runs in a worker with ``threads`` torch
+threads, whatever ``workers`` is, so its numbers do not depend on how many ran beside it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import importlib
+import json
+import multiprocessing
+import os
+import re
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from klear_lib import runs
+
+UNITS_DIR = "units"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of work: ``fn`` ("package.module:function") called with ``kwargs`` (JSON-able) in a worker."""
+
+    key: str
+    fn: str
+    kwargs: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.key or ":" not in self.fn:
+            raise ValueError(f"Job needs a key and fn='module:function', got key={self.key!r}, fn={self.fn!r}")
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9._=-]+", "_", self.key)
+
+
+class JobFailed(RuntimeError):
+    """A job raised in its worker; the message carries the job and the worker's traceback."""
+
+
+def _paths(run_dir: Path, job: Job) -> tuple[Path, Path]:
+    units = run_dir / UNITS_DIR
+    return units / f"{job.slug}.jsonl", units / f"{job.slug}.json"
+
+
+def _init_worker(threads: int) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    torch.set_num_threads(threads)
+    from klear_lib.notebook import quiet
+
+    quiet()
+
+
+def _call(fn: str, kwargs: dict, metrics_path: str, result_path: str) -> dict:
+    module, name = fn.split(":")
+    func = getattr(importlib.import_module(module), name)
+    start = time.perf_counter()
+    result = dict(func(**kwargs, metrics_path=metrics_path) or {})
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    tmp = result_path + ".tmp"
+    Path(tmp).write_text(runs.to_json_text(result, "result", sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, result_path)  # the done mark appears whole or not at all
+    return result
+
+
+def merge_metrics(run_dir: str | os.PathLike, jobs: list[Job]) -> int:
+    """Rewrite ``run_dir/metrics.jsonl`` from the records of the done jobs, in job order; returns the count."""
+    run_dir = Path(run_dir)
+    lines = []
+    for job in jobs:
+        metrics, result = _paths(run_dir, job)
+        if result.is_file() and metrics.is_file():
+            lines += [line for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+    tmp = run_dir / (runs.METRICS_FILE + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    os.replace(tmp, run_dir / runs.METRICS_FILE)
+    return len(lines)
+
+
+def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, threads: int = 1,
+             progress=print) -> dict[str, dict]:
+    """Run ``jobs`` (``workers`` at a time, each with ``threads`` torch threads) and return ``{key: result}``.
+
+    Done jobs (a result file in ``run_dir/units``) are not run again. The first failure stops the run: the jobs
+    not yet started are cancelled, the running ones finish and are recorded, then ``JobFailed`` is raised with
+    the worker's traceback.
+    """
+    run_dir = Path(run_dir)
+    keys = [j.key for j in jobs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"job keys must be unique; repeated: {sorted({k for k in keys if keys.count(k) > 1})}")
+    slugs = [j.slug for j in jobs]
+    if len(set(slugs)) != len(slugs):
+        raise ValueError("two job keys map to the same file name; make them differ in letters or digits")
+    if workers < 1 or threads < 1:
+        raise ValueError(f"workers and threads must be >= 1, got {workers}, {threads}")
+    (run_dir / UNITS_DIR).mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict] = {}
+    todo = []
+    for job in jobs:
+        metrics, result = _paths(run_dir, job)
+        if result.is_file():
+            results[job.key] = json.loads(result.read_text(encoding="utf-8"))
+        else:
+            metrics.unlink(missing_ok=True)  # a partial record of an interrupted attempt
+            todo.append(job)
+    if results:
+        progress(f"resuming: {len(results)} of {len(jobs)} units already done, {len(todo)} to run")
+    merge_metrics(run_dir, jobs)
+    if not todo:
+        return {k: results[k] for k in keys}
+    clock = time.perf_counter()
+    failure = None
+    ctx = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
+                                initargs=(threads,)) as pool:
+        futures = {}
+        for job in todo:
+            metrics, result = _paths(run_dir, job)
+            futures[pool.submit(_call, job.fn, job.kwargs, str(metrics), str(result))] = job
+        done_count = len(results)
+        for fut in cf.as_completed(futures):
+            job = futures[fut]
+            try:
+                results[job.key] = fut.result()
+            except Exception as err:  # noqa: BLE001 (reported with the job and re-raised below)
+                if failure is None:
+                    detail = getattr(err, "__cause__", None) or err
+                    text = "".join(traceback.format_exception(type(detail), detail, detail.__traceback__))
+                    failure = JobFailed(f"unit {job.key!r} ({job.fn}) failed: {type(err).__name__}: {err}\n"
+                                        f"worker traceback:\n{text}")
+                    for other in futures:
+                        other.cancel()
+                continue
+            done_count += 1
+            merge_metrics(run_dir, jobs)
+            elapsed = time.perf_counter() - clock
+            ran = done_count - (len(jobs) - len(todo))
+            left = elapsed / ran * (len(jobs) - done_count) if ran else 0.0
+            progress(f"[{done_count:3d}/{len(jobs)}] {job.key} done in {results[job.key]['seconds']:.0f}s "
+                     f"(elapsed {elapsed:.0f}s, about {left / 60:.1f} min left)")
+    if failure is not None:
+        raise failure
+    return {k: results[k] for k in keys}
+
+
+def unit_records(run_dir: str | os.PathLike, job: Job) -> list[dict[str, Any]]:
+    """The metric records one done job wrote (``runs.read_metrics`` of its unit file)."""
+    metrics, _ = _paths(Path(run_dir), job)
+    return runs.read_metrics(metrics)

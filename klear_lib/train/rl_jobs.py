@@ -1,0 +1,29 @@
+"""Units of work of the RL notebooks, run by ``klear_lib.experiment.run_jobs`` in worker processes.
+
+``rl_unit`` is one arm × one seed on the arithmetic task: load the shared SFT start, seed, run RL, write its
+records. Its result (read back on resume) holds what the notebooks' read-outs need without re-reading metrics.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from klear_lib import models, runs
+from klear_lib.config import RLExperimentConfig
+from klear_lib.data import tasks
+
+
+def rl_unit(*, config: dict, start: str, tags: dict, metrics_path: str) -> dict:
+    """RL from the SFT model saved at ``start`` with ``config`` (``RLExperimentConfig`` fields; its ``seed`` is
+    the run's seed), records tagged with ``tags``. Returns the last evaluation (``eval/*``) and the step count."""
+    from klear_lib.train.rl import run_rl
+
+    cfg = RLExperimentConfig.from_params(config)
+    train, heldout = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, cfg.level_list)
+    runs.set_seed(cfg.seed)
+    model, tok = models.load_model_and_tokenizer(start, dtype=torch.float32)
+    with runs.MetricsWriter(metrics_path) as writer:
+        _, history = run_rl(cfg, model, tok, train, heldout, writer, tags=tags, progress=lambda *_: None)
+    last = history[-1] if history else {}
+    return {"final": {k: v for k, v in last.items() if k.startswith("eval/")}, "steps": last.get("step", 0),
+            "rollouts": last.get("rollout", 0)}

@@ -1,0 +1,20 @@
+"""Job functions for tests/test_experiment.py: importable by the spawned worker processes."""
+
+import os
+from pathlib import Path
+
+from klear_lib import runs
+
+
+def count_and_write(*, n: int, log: str, metrics_path: str, fail: bool = False) -> dict:
+    """Append one line to ``log`` (to count calls), write ``n`` records, optionally fail after writing them."""
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(f"{n}\n")
+    with runs.MetricsWriter(metrics_path) as w:
+        for i in range(n):
+            w.write({"n": n, "i": i})
+    if fail:
+        raise RuntimeError(f"job {n} failed on purpose")
+    import torch
+
+    return {"n": n, "threads": torch.get_num_threads(), "pid": os.getpid(), "log_exists": Path(log).is_file()}

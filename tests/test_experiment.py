@@ -1,0 +1,55 @@
+"""Units of work in worker processes: results, merged metrics in job order, resume without redoing, failures."""
+
+import pytest
+
+from klear_lib import experiment, runs
+
+
+def jobs_for(tmp_path, ns, fail=()):
+    log = str(tmp_path / "calls.log")
+    return [experiment.Job(f"job/n={n}", "jobfns:count_and_write", {"n": n, "log": log, "fail": n in fail})
+            for n in ns], tmp_path / "calls.log"
+
+
+def calls(log):
+    return sorted(int(x) for x in log.read_text().split()) if log.exists() else []
+
+
+def test_jobs_run_in_workers_and_metrics_merge_in_job_order(tmp_path):
+    jobs, log = jobs_for(tmp_path, [3, 1, 2])
+    results = experiment.run_jobs(jobs, tmp_path / "run", workers=2, threads=1, progress=lambda *_: None)
+    assert list(results) == ["job/n=3", "job/n=1", "job/n=2"]
+    assert all(r["threads"] == 1 and r["seconds"] >= 0 for r in results.values())
+    records = runs.read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [(r["n"], r["i"]) for r in records] == [(3, 0), (3, 1), (3, 2), (1, 0), (2, 0), (2, 1)]
+    assert calls(log) == [1, 2, 3]
+
+
+def test_a_failure_names_the_unit_and_a_rerun_redoes_only_what_did_not_finish(tmp_path):
+    jobs, log = jobs_for(tmp_path, [1, 2, 3], fail={2})
+    with pytest.raises(experiment.JobFailed, match=r"unit 'job/n=2' \(jobfns:count_and_write\) failed: RuntimeError: job 2 failed on purpose"):
+        experiment.run_jobs(jobs, tmp_path / "run", workers=1, progress=lambda *_: None)
+    done_before = calls(log)
+    assert 2 in done_before
+    # the failed job's partial records are kept on disk but not in metrics.jsonl
+    merged = runs.read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert all(r["n"] != 2 for r in merged)
+    fixed, _ = jobs_for(tmp_path, [1, 2, 3])
+    lines = []
+    results = experiment.run_jobs(fixed, tmp_path / "run", workers=2, progress=lines.append)
+    assert lines[0].startswith("resuming:")
+    rerun = calls(log)
+    for n in done_before:
+        rerun.remove(n)
+    assert 2 in rerun and 1 not in rerun  # job 1 finished the first time: not run again
+    records = runs.read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [(r["n"], r["i"]) for r in records] == [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]  # no duplicate
+    assert set(results) == {"job/n=1", "job/n=2", "job/n=3"}
+
+
+def test_keys_must_be_unique_and_well_formed(tmp_path):
+    jobs, _ = jobs_for(tmp_path, [1, 1])
+    with pytest.raises(ValueError, match="unique"):
+        experiment.run_jobs(jobs, tmp_path / "run")
+    with pytest.raises(ValueError, match="module:function"):
+        experiment.Job("x", "no_colon")
