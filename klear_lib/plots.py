@@ -8,23 +8,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from klear_lib.glossary import title as metric_title
 from klear_lib.runs import read_metrics
-
-# Human titles for the metrics a notebook plots; the formulas live in klear_lib.losses.METRICS.
-TITLES = {
-    "eval/avg_at_n": "held-out avg@n",
-    "eval/pass_rate": "held-out mean test pass rate",
-    "reward": "mean reward (rollouts)",
-    "entropy": "token entropy (current policy)",
-    "actor/pg_clipfrac_low": "clip fraction, low (A<0, r<1-ε_l)",
-    "actor/pg_clipfrac_high": "clip fraction, high (A>0, r>1+ε_h)",
-    "actor/gppo_preserved_frac": "GPPO-preserved fraction",
-    "actor/erc_frac_low": "ERC-masked fraction, low",
-    "actor/erc_frac_high": "ERC-masked fraction, high",
-    "grad_norm": "gradient norm (before clipping)",
-    "klear/kept_group_frac": "groups kept by the zero-advantage filter",
-}
-
 
 def _finish(fig, axes, used: int, *, legend: bool, title: str | None, out: str | Path | None):
     """Blank the unused panels, add the legend and title, lay out, save to ``out`` if given."""
@@ -46,38 +31,45 @@ def metrics_frame(run_dir: str | Path) -> pd.DataFrame:
     return pd.DataFrame(read_metrics(Path(run_dir) / "metrics.jsonl"))
 
 
-def curves(df: pd.DataFrame, metric: str, *, by: str = "variant", seed: str = "seed", x: str = "step") -> pd.DataFrame:
-    """Per ``by`` and ``x``: mean, std and count of ``metric`` over seeds (rows lacking the metric ignored)."""
-    sub = df.dropna(subset=[metric])[[by, seed, x, metric]]
-    per_seed = sub.groupby([by, seed, x], as_index=False)[metric].mean()
-    out = per_seed.groupby([by, x])[metric].agg(["mean", "std", "count"]).reset_index()
+def curves(df: pd.DataFrame, metric: str, *, by: str = "variant", seed: str = "seed", x: str = "rollout") -> pd.DataFrame:
+    """Per ``by`` and ``x``: mean, std and count of ``metric`` over seeds (each seed's records at one x averaged
+    first; rows lacking the metric ignored)."""
+    keys = [by] if isinstance(by, str) else list(by)
+    sub = df.dropna(subset=[metric])[[*keys, seed, x, metric]]
+    per_seed = sub.groupby([*keys, seed, x], as_index=False)[metric].mean()
+    out = per_seed.groupby([*keys, x])[metric].agg(["mean", "std", "count"]).reset_index()
     out["std"] = out["std"].fillna(0.0)
     return out
 
 
-def plot_curves(df: pd.DataFrame, metrics: list[str], *, by: str = "variant", out: str | Path | None = None,
-                ncols: int = 3, title: str | None = None):
-    """One panel per metric, one line per ``by`` value: mean over seeds with a ±1 std band."""
+def plot_curves(df: pd.DataFrame, metrics: list[str], *, by: str = "variant", x: str = "rollout",
+                facet: str | None = None, out: str | Path | None = None, ncols: int = 3, title: str | None = None):
+    """One panel per metric (per metric and ``facet`` value when given), one line per ``by`` value: the mean over
+    seeds against ``x`` with a ±1 std band. Panel titles come from ``klear_lib.glossary``."""
     metrics = [m for m in metrics if m in df.columns]
-    nrows = max(1, math.ceil(len(metrics) / ncols))
+    facets = list(dict.fromkeys(df[facet].dropna())) if facet else [None]
+    panels = [(m, f) for m in metrics for f in facets]
+    ncols = min(ncols, max(1, len(panels)))
+    nrows = max(1, math.ceil(len(panels) / ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.2 * nrows), squeeze=False)
-    for ax, metric in zip(axes.flat, metrics):
-        c = curves(df, metric, by=by)
+    for ax, (metric, value) in zip(axes.flat, panels):
+        sub = df if value is None else df[df[facet] == value]
+        c = curves(sub, metric, by=by, x=x)
         for name, g in c.groupby(by, sort=False):
-            ax.plot(g["step"], g["mean"], marker="o" if metric.startswith("eval/") else None, ms=3, label=str(name))
-            ax.fill_between(g["step"], g["mean"] - g["std"], g["mean"] + g["std"], alpha=0.2)
-        ax.set_title(TITLES.get(metric, metric), fontsize=10)
-        ax.set_xlabel("optimizer step")
+            ax.plot(g[x], g["mean"], marker="o" if metric.startswith("eval/") else None, ms=3, label=str(name))
+            ax.fill_between(g[x], g["mean"] - g["std"], g["mean"] + g["std"], alpha=0.2)
+        ax.set_title(metric_title(metric) + ("" if value is None else f" ({facet} {value})"), fontsize=10)
+        ax.set_xlabel(metric_title(x))
         ax.grid(alpha=0.3)
-    return _finish(fig, axes, len(metrics), legend=bool(metrics), title=title, out=out)
+    return _finish(fig, axes, len(panels), legend=bool(panels), title=title, out=out)
 
 
-def final_table(df: pd.DataFrame, *, by: str = "variant", seed: str = "seed") -> pd.DataFrame:
-    """Per ``by``: held-out avg@n at the start (step 0) and at the end, the change, their spread over seeds,
+def final_table(df: pd.DataFrame, *, by: str = "variant", seed: str = "seed", x: str = "rollout") -> pd.DataFrame:
+    """Per ``by``: held-out avg@n at the start (``x`` = 0) and at the end, the change, their spread over seeds,
     and the mean clip statistics over all optimizer steps."""
     ev = df.dropna(subset=["eval/avg_at_n"])
-    first = ev.sort_values("step").groupby([by, seed])["eval/avg_at_n"].first()
-    last = ev.sort_values("step").groupby([by, seed])["eval/avg_at_n"].last()
+    first = ev.sort_values(x).groupby([by, seed])["eval/avg_at_n"].first()
+    last = ev.sort_values(x).groupby([by, seed])["eval/avg_at_n"].last()
     delta = last - first
     table = pd.DataFrame({
         "start": first.groupby(level=0).mean(),
@@ -126,7 +118,7 @@ def plot_points(df: pd.DataFrame, x: str, metrics: list[str], *, hue: str | None
                            label=None if name is None else str(name))[0]
             ax.scatter(xs, g[metric], s=12, alpha=0.5, color=line.get_color())
         ax.set_xticks(range(len(order)), [str(v) for v in order])
-        ax.set_title(TITLES.get(metric, metric), fontsize=10)
+        ax.set_title(metric_title(metric), fontsize=10)
         ax.set_xlabel(xlabel or x)
         ax.grid(alpha=0.3)
     return _finish(fig, axes, len(metrics), legend=bool(hue and metrics), title=title, out=out)

@@ -63,15 +63,16 @@ def test_replace_is_a_checked_diff():
 
 @pytest.fixture
 def run_dir(tmp_path):
-    # two variants x two seeds; eval at steps 0 and 2; step metrics at 1, 2
+    # two variants x two seeds; eval before RL (rollout 0) and after rollout 1; one rollout of two steps
     with runs.MetricsWriter(tmp_path / "metrics.jsonl") as w:
         for variant, start, gain in (("a", 0.5, 0.1), ("b", 0.4, 0.3)):
             for seed in (0, 1):
-                w.write({"variant": variant, "seed": seed, "step": 0, "eval/avg_at_n": start})
+                w.write({"variant": variant, "seed": seed, "rollout": 0, "step": 0, "eval/avg_at_n": start})
                 for step in (1, 2):
-                    w.write({"variant": variant, "seed": seed, "step": step, "actor/pg_loss": 0.1,
+                    w.write({"variant": variant, "seed": seed, "rollout": 1, "step": step, "actor/pg_loss": 0.1,
                              "actor/pg_clipfrac_high": 0.01 * step, "entropy": 1.0, "grad_norm": 1.0})
-                w.write({"variant": variant, "seed": seed, "step": 2, "eval/avg_at_n": start + gain + 0.02 * seed})
+                w.write({"variant": variant, "seed": seed, "rollout": 1, "step": 2,
+                         "eval/avg_at_n": start + gain + 0.02 * seed})
     return tmp_path
 
 
@@ -89,7 +90,7 @@ def test_final_table_by_hand(run_dir):
 
 def test_curves_mean_and_std_over_seeds(run_dir):
     c = plots.curves(plots.metrics_frame(run_dir), "eval/avg_at_n")
-    row = c[(c["variant"] == "b") & (c["step"] == 2)].iloc[0]
+    row = c[(c["variant"] == "b") & (c["rollout"] == 1)].iloc[0]
     assert row["mean"] == pytest.approx(0.71) and row["count"] == 2
 
 
