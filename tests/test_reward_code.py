@@ -236,6 +236,13 @@ def test_exiting_before_the_call_returns_is_a_crash_and_a_flood_is_wrong():
     assert (r.reason, r.passed) == ("none_passed", 0) and "output limit exceeded" in r.detail
 
 
+def test_the_output_cap_follows_the_longest_expected_output():
+    assert code_reward.output_cap([{"input": "", "output": "1"}]) == 1 << 20  # the floor
+    big = [{"input": "", "output": "x" * 500_000}, {"fn_name": "f", "args": [], "expected": [1] * 10}]
+    assert code_reward.output_cap(big) == 2_000_000  # 4 x 500,000
+    assert code_reward.output_cap([{"fn_name": "f", "args": [], "expected": "y" * 400_000}]) == 4 * 400_002  # JSON
+
+
 # --- selection and validation ------------------------------------------------------------------------------------
 
 def test_selection_is_seeded_ordered_and_capped():

@@ -14,7 +14,8 @@ Rule (reference §5, "Rewards / Code"):
    ``fn(*args)`` (a top-level function, else a method of a top-level ``class Solution``) returns a value equal
    to ``expected`` after a JSON round trip (tuples compare as lists). All tests of a sample run in ONE sandbox
    (``sandbox.run_python_tests``), each in a fresh process forked from a warm interpreter, with its own
-   ``timeout_s``: a test that hangs, crashes or floods its output costs that test only.
+   ``timeout_s``: a test that hangs, crashes or floods its output costs that test only. A test's stdout and
+   stderr are each capped at 4x the sample's longest expected output (at least 1 MiB): past it, ``wrong``.
 3. Score from k passed of n run (paper vs released code, reference §5):
 
        soft   = k / n            (the paper; 4 of 16 → 0.25)        failure score 0.0
@@ -65,6 +66,7 @@ MODES = {
 }
 FAILURE_SCORES = {"soft": 0.0, "signed": -1.0, "hard": 0.0}
 
+OUTPUT_CAP_FLOOR = 1 << 20  # see `output_cap`
 _FENCE = re.compile(r"```[ \t]*(?:python3|python|py)[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
@@ -162,8 +164,17 @@ def run_tests(program: str, tests: list[dict], opts: CodeRewardOptions) -> list[
     runs = [test["input"] if _test_kind(test) == "stdio" else FunctionCall(test["fn_name"], list(test["args"]))
             for test in tests]
     results = run_python_tests(program, runs, timeout_s=opts.timeout_s, memory_mb=opts.memory_mb,
-                               hide_paths=tuple(opts.hide_paths), unsafe_no_sandbox=opts.unsafe_no_sandbox)
+                               max_output_bytes=output_cap(tests), hide_paths=tuple(opts.hide_paths),
+                               unsafe_no_sandbox=opts.unsafe_no_sandbox)
     return [_judge(test, r, opts) for test, r in zip(tests, results)]
+
+
+def output_cap(tests: list[dict]) -> int:
+    """Bytes of stdout (and of stderr) a test may write before it is killed as ``wrong``: 4x the longest expected
+    output of the sample, at least ``OUTPUT_CAP_FLOOR``. Far past the answer's size a program cannot pass any
+    more, and a sample's results (up to 16 tests, both streams) then stay a few MiB in the reward worker."""
+    sizes = [len(t["output"]) if _test_kind(t) == "stdio" else len(json.dumps(t["expected"])) for t in tests]
+    return max(OUTPUT_CAP_FLOOR, 4 * max(sizes))
 
 
 def _test_kind(test: dict) -> str:

@@ -54,20 +54,17 @@ import marshal
 import os
 import random
 import re
-import select
-import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from klear_lib.rewards import sandbox_zygote, seccomp
+from klear_lib.rewards.sandbox_exec import SANDBOX_ENV, Killer, Raw, execute
 from klear_lib.rewards.sandbox_root import interpreter_files, is_under, root_argv
 
 UNSAFE_ENV_VAR = "KLEAR_UNSAFE_NO_SANDBOX"
@@ -75,8 +72,6 @@ MIN_BWRAP_VERSION = (0, 8, 0)  # --disable-userns (0.8), --size (0.7), --json-st
 # As root each test runs as one random uid/gid of this range per sandbox: never a real account, and (almost
 # surely) distinct from every concurrent sandbox, so each sandbox has its own RLIMIT_NPROC budget.
 SANDBOX_UID_RANGE = (1_900_000_000, 2_000_000_000)
-# The only environment the program gets: nothing of the caller's (API keys, tokens) leaks in.
-SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 PROGRAM_PATH = "/tmp/main.py"
 STARTUP_BUDGET_S = 10.0  # host backstop: starting the sandbox and the zygote (tens of ms on an idle machine)
 PER_TEST_SLACK_S = 2.0  # host backstop per test beyond its timeout: kill, sweep, drain, frame
@@ -188,13 +183,13 @@ def run_python_tests(
                uid=random.SystemRandom().randrange(*SANDBOX_UID_RANGE) if root else -1)
     job_fd = _memfd("klear-job", _zygote_input(python, job))  # the zygote's stdin
     code_fd = _memfd("klear-main-py", program.encode())  # bwrap copies it to /tmp/main.py (--file)
-    filter_fd = _memfd("klear-seccomp", seccomp.build_filter())  # bwrap reads it (--seccomp)
+    filter_fd = _memfd("klear-seccomp", _seccomp_filter())  # bwrap reads it (--seccomp)
     status_r, status_w = os.pipe()  # bwrap's --json-status-fd: the zygote's pid, and whether the sandbox started
     try:
         argv = _bwrap_argv(bwrap, python, code_fd, filter_fd, status_w, tmpfs_mb << 20, hide_paths)
         argv += [python, "-I", "-S", "-c", sandbox_zygote.BOOTSTRAP]
-        killer = _Killer(status_r)
-        raw = _execute(argv, job_fd, budget, _stream_cap(job), killer, pass_fds=(code_fd, filter_fd, status_w))
+        killer = Killer(status_r)
+        raw = execute(argv, job_fd, budget, _stream_cap(job), killer, pass_fds=(code_fd, filter_fd, status_w))
         started = killer.init_pid is not None
     finally:
         for fd in (job_fd, code_fd, filter_fd, status_r, status_w):
@@ -246,7 +241,16 @@ def _zygote_source() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _zygote_code():
-    return compile(_zygote_source(), sandbox_zygote.FILENAME, "exec")
+    return compile(_zygote_source(), sandbox_zygote.FILENAME, "exec", dont_inherit=True)  # no __future__ of ours
+
+
+@functools.lru_cache(maxsize=1)
+def _seccomp_filter() -> bytes:
+    try:
+        return seccomp.build_filter()
+    except seccomp.UnsupportedMachineError as e:
+        raise SandboxUnavailableError(f"{e}: the sandbox cannot filter syscalls here. To run unsandboxed anyway "
+                                      f"(dangerous), pass unsafe_no_sandbox=True or set {UNSAFE_ENV_VAR}=1.") from e
 
 
 @functools.lru_cache(maxsize=1)
@@ -284,7 +288,7 @@ def _bwrap_argv(bwrap: str, python: str, code_fd: int, filter_fd: int, status_fd
     argv += ["--as-pid-1", "--die-with-parent", "--new-session", "--json-status-fd", str(status_fd)]
     argv += ["--seccomp", str(filter_fd)]
     # Filesystem: the minimal root, then /proc, /dev and the two size-limited tmpfs, then the root read-only.
-    argv += root_argv(python)
+    argv += list(root_argv(python))
     argv += _hide_argv(python, hide_paths)
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
@@ -328,7 +332,7 @@ def _run_unsandboxed(job: dict, python: str, budget: float) -> list[SandboxResul
         job_fd = _memfd("klear-job", _zygote_input(python, job))
         try:
             argv = [python, "-I", "-S", "-c", sandbox_zygote.BOOTSTRAP]
-            raw = _execute(argv, job_fd, budget, _stream_cap(job), _Killer(None), cwd=cwd)
+            raw = execute(argv, job_fd, budget, _stream_cap(job), Killer(None), cwd=cwd)
         finally:
             os.close(job_fd)
     frames = sandbox_zygote.decode_frames(raw.stdout)
@@ -338,7 +342,7 @@ def _run_unsandboxed(job: dict, python: str, budget: float) -> list[SandboxResul
     return _results(frames, len(job["tests"]), raw, sandboxed=False)
 
 
-def _results(frames: list[dict], n: int, raw: _Raw, *, sandboxed: bool) -> list[SandboxResult]:
+def _results(frames: list[dict], n: int, raw: Raw, *, sandboxed: bool) -> list[SandboxResult]:
     """One SandboxResult per test; a test without a frame (the sandbox ended first) timed out if the host's
     deadline ended it, else carries the sandbox's exit status and stderr."""
     by_index = {f["i"]: f for f in frames}
@@ -366,150 +370,3 @@ def _results(frames: list[dict], n: int, raw: _Raw, *, sandboxed: bool) -> list[
             output_limit_exceeded=f["overflow"], sandboxed=sandboxed, returned=returned, value=value,
             value_is_json=is_json))
     return results
-
-
-class _Killer:
-    """Ends a sandbox so that, when `run_python_tests` returns, no process of it is left.
-
-    Killing bwrap itself is not enough: with `--die-with-parent` the zygote would die too, but only after bwrap
-    is gone, and then nobody waits for it. Killing the zygote (the namespace's init) instead makes the kernel
-    kill every process inside, and bwrap, which waits for it, exits once they are all gone: waiting for bwrap
-    is then waiting for the whole tree. The init is signalled through a pidfd checked to be bwrap's child, so a
-    recycled pid is never hit. Without a sandbox the process group is killed, which a setsid() escapes.
-    """
-
-    def __init__(self, status_fd: int | None):
-        self.status_fd, self.status = status_fd, b""
-        if status_fd is not None:
-            os.set_blocking(status_fd, False)
-
-    @property
-    def init_pid(self) -> int | None:
-        """The init's host pid from bwrap's --json-status-fd (None: the sandbox never started)."""
-        if self.status_fd is not None:
-            try:
-                while chunk := os.read(self.status_fd, 4096):
-                    self.status += chunk
-            except BlockingIOError:
-                pass
-        m = re.search(rb'"child-pid": *(\d+)', self.status)
-        return int(m.group(1)) if m else None
-
-    def kill(self, proc: subprocess.Popen) -> None:
-        pid = self.init_pid
-        fd = _pidfd_of_child(pid, proc.pid) if pid is not None else None
-        if fd is not None:
-            try:
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-                return
-            except ProcessLookupError:
-                pass
-            finally:
-                os.close(fd)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def reap(self, proc: subprocess.Popen) -> None:
-        """Wait for bwrap (it outlives the zygote, which outlives everything else in the sandbox)."""
-        if not _wait_exit(proc, 10):  # bwrap stuck after its child died: never seen, but never hang on it
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        if self.status_fd is None:
-            try:  # unsandboxed: children that stayed in the group (a setsid escapes this)
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-def _pidfd_of_child(pid: int, parent: int) -> int | None:
-    """A pidfd on `pid` if it is (still) a child of `parent`, else None. `parent` is our unreaped child, so its pid
-    cannot have been recycled; a `pid` whose parent it is must be the process we mean."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (OSError, AttributeError):  # gone, or Linux < 5.3
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            ppid = int(f.read().rsplit(b")", 1)[1].split()[1])  # after "(comm)": state, then ppid
-    except (OSError, ValueError, IndexError):
-        ppid = None
-    if ppid != parent:
-        os.close(fd)
-        return None
-    return fd
-
-
-@dataclass(frozen=True)
-class _Raw:
-    returncode: int
-    stdout: bytes
-    stderr: bytes
-    timed_out: bool
-
-
-def _execute(argv, stdin_fd: int, budget_s: float, cap: int, killer: _Killer, *, pass_fds=(), cwd=None) -> _Raw:
-    """Start `argv` in its own session with `stdin_fd` as stdin, collect its output (stdout up to `cap` bytes,
-    stderr up to 64 KiB), and kill it at the deadline or past the cap."""
-    deadline = time.monotonic() + budget_s
-    # The minimal env also for bwrap itself: its environment is readable in the sandbox as /proc/1/environ.
-    proc = subprocess.Popen(argv, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            pass_fds=pass_fds, start_new_session=True, cwd=cwd, env=dict(SANDBOX_ENV))
-    out, err = bytearray(), bytearray()
-    timed_out = False
-    try:
-        timed_out = _pump(proc, out, err, deadline, cap, 64 << 10)
-        if not timed_out:
-            timed_out = not _wait_exit(proc, deadline - time.monotonic())
-    finally:
-        if proc.poll() is None:
-            killer.kill(proc)
-        killer.reap(proc)
-        proc.stdout.close()
-        proc.stderr.close()
-    return _Raw(proc.returncode, bytes(out), bytes(err), timed_out)
-
-
-def _wait_exit(proc: subprocess.Popen, timeout: float) -> bool:
-    """Wait up to `timeout` s for `proc` to exit; True if it did. A pidfd wakes us at the exit, where Popen.wait's
-    sleep-polling would add up to milliseconds to every call."""
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except (OSError, AttributeError):  # already reaped, or Linux < 5.3
-        try:
-            proc.wait(timeout=max(0.0, timeout))
-            return True
-        except subprocess.TimeoutExpired:
-            return False
-    try:
-        select.select([fd], [], [], max(0.0, timeout))
-    finally:
-        os.close(fd)
-    return proc.poll() is not None
-
-
-def _pump(proc, out: bytearray, err: bytearray, deadline: float, out_cap: int, err_cap: int) -> bool:
-    """Read stdout/stderr until both close; True if the deadline came first or stdout passed its cap (the caller
-    kills); stderr past its cap is read and dropped."""
-    sel = selectors.DefaultSelector()
-    caps = {proc.stdout.fileno(): (out, out_cap), proc.stderr.fileno(): (err, err_cap)}
-    for fd in caps:
-        sel.register(fd, selectors.EVENT_READ)
-    try:
-        while sel.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return True
-            for key, _ in sel.select(timeout=left):
-                chunk = os.read(key.fd, 1 << 16)
-                if not chunk:
-                    sel.unregister(key.fd)
-                    continue
-                buf, cap = caps[key.fd]
-                buf += chunk[: cap + 1 - len(buf)]
-                if key.fd == proc.stdout.fileno() and len(buf) > cap:
-                    return True  # more than the zygote may send: it is not behaving, stop it
-        return False
-    finally:
-        sel.close()

@@ -88,9 +88,10 @@ def interpreter_files(python: str) -> InterpreterFiles:
     return InterpreterFiles(executable, elf_interpreter(executable), directories, tuple(files), tuple(hidden))
 
 
-def root_argv(python: str) -> list[str]:
-    """bwrap arguments that build the minimal root for `python` (a real path). Order matters to bwrap: parent
-    directories first, then binds, then symlinks, then the hidden site-packages."""
+@functools.lru_cache(maxsize=8)
+def root_argv(python: str) -> tuple[str, ...]:
+    """bwrap arguments that build the minimal root for `python` (a real path), cached per process. Order matters
+    to bwrap: parent directories first, then binds, then symlinks, then the hidden site-packages."""
     info = interpreter_files(python)
     binds = [*info.directories, *info.files]
     links: dict[str, str] = {}
@@ -111,7 +112,7 @@ def root_argv(python: str) -> list[str]:
         argv += ["--symlink", target, link]
     for h in info.hidden:
         argv += ["--perms", "0555", "--size", "4096", "--tmpfs", h, "--remount-ro", h]
-    return argv
+    return tuple(argv)
 
 
 def elf_interpreter(binary: str) -> str | None:

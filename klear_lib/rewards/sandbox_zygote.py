@@ -75,6 +75,11 @@ def decode_frames(data):
 
 
 def main(job):
+    # A bound on this process too (soft: each test sets its own, lower, hard limits): one test's memory, its
+    # three capped outputs, and room for compiling the program, so no program can make it eat the host's memory.
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    mine = job["limits"][1] + 4 * job["cap"] + (256 << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (mine if hard == resource.RLIM_INFINITY else min(mine, hard), hard))
     host = posix.dup(1)  # frames go here; a child closes it before running anything
     null = posix.open("/dev/null", posix.O_RDWR)
     for fd in (0, 1):  # whatever a pre-imported module prints must not land in the frame stream
@@ -83,7 +88,7 @@ def main(job):
     if job["sandboxed"] and job["uid"] < 0:
         _make_non_dumpable()
     try:
-        code = compile(job["program"], job["path"], "exec")
+        code = compile(job["program"], job["path"], "exec", dont_inherit=True)
     except BaseException:  # a SyntaxError: each test compiles again and reports it as Python would
         code = None
     names = _imported_names(job["program"])
@@ -187,7 +192,7 @@ def _run_program(job, code, test, nonce):
     sys.modules[name] = module
     try:
         if code is None:
-            code = compile(job["program"], job["path"], "exec")
+            code = compile(job["program"], job["path"], "exec", dont_inherit=True)
         exec(code, module.__dict__)
         if "call" in test:
             _report(_call(module.__dict__, test["call"], test["args"]), nonce)
@@ -206,7 +211,7 @@ def _run_program(job, code, test, nonce):
 def _call(namespace, name, args):
     fn = namespace.get(name)
     if fn is None and isinstance(namespace.get("Solution"), type):
-        fn = getattr(namespace["Solution"](), name)
+        fn = getattr(namespace["Solution"](), name, None)
     if fn is None:
         raise NameError(f"no function {name!r} in the program")
     return fn(*args)
@@ -267,7 +272,7 @@ def _sweep(job, pid):
             try:
                 _drop_uid(job["uid"])  # as the test's uid: allowed to signal its processes and delete its files
                 for _ in range(3):  # kill(-1): everything this uid may signal here, except pid 1 and the caller
-                    posix.kill(-1, SIGKILL)
+                    _kill(-1)
                 for path in _leftover_files(job):
                     _remove(path)
             finally:
@@ -321,7 +326,7 @@ def _drop_uid(uid):
         posix.setresuid(uid, uid, uid)  # clears every capability: real, effective and saved uid are all non-zero
 
 
-def _kill(pid):
+def _kill(pid):  # ESRCH (nothing left to kill) and EPERM are both fine here
     try:
         posix.kill(pid, SIGKILL)
     except OSError:
@@ -350,8 +355,9 @@ def _stdin_fd(text):
         return posix.open("/dev/null", posix.O_RDONLY)
     fd = posix.memfd_create("stdin")
     _write_all(fd, text.encode())
-    posix.lseek(fd, 0, 0)
-    return fd
+    ro = posix.open(f"/proc/self/fd/{fd}", posix.O_RDONLY)  # the test may read its input, not rewrite it
+    posix.close(fd)
+    return ro
 
 
 def _read_some(fd, buf, cap):
