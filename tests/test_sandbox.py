@@ -163,6 +163,33 @@ def test_tracebacks_read_as_pythons_own():
     assert run_python("import sys; sys.exit('bye')").stderr == "bye\n"
 
 
+@needs_bwrap
+def test_the_hosts_backstop_ends_a_stuck_sandbox(monkeypatch):
+    # The warm interpreter enforces each test's timeout; the host's deadline (startup budget + per-test slack) is
+    # the backstop should the sandbox as a whole stall. Shrink it below one test's timeout to see it act.
+    monkeypatch.setattr(sandbox, "STARTUP_BUDGET_S", 0.5)
+    monkeypatch.setattr(sandbox, "PER_TEST_SLACK_S", -2.5)  # budget: 0.5 + 2 x (3 - 2.5) = 1.5 s
+    t0 = time.monotonic()
+    first, second = run_python_tests("import sys, time\nif sys.stdin.read() == 'hang':\n    time.sleep(60)\nprint('ok')",
+                                     ["quick", "hang"], timeout_s=3.0)
+    assert time.monotonic() - t0 < 2.5
+    assert first.ok and first.stdout == "ok\n"  # its frame came before the kill
+    assert second.timed_out and second.stderr.startswith("the sandbox ended before this test finished")
+    assert children_of(os.getpid()) == []  # bwrap waited for, and the whole sandbox with it
+
+
+def children_of(parent: int) -> list[int]:
+    found = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+        if ppid == parent:
+            found.append(int(p))
+    return found
+
+
 # --- the minimal root ------------------------------------------------------------------------------------------
 
 @needs_bwrap

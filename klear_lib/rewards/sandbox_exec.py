@@ -45,16 +45,19 @@ class Killer:
 
     def kill(self, proc: subprocess.Popen) -> None:
         pid = self.init_pid
+        if pid is None and self.status_fd is not None:  # bwrap may have forked it a moment ago: its pid is due
+            select.select([self.status_fd], [], [], 0.5)
+            pid = self.init_pid
         fd = _pidfd_of_child(pid, proc.pid) if pid is not None else None
         if fd is not None:
             try:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
-                return
             except ProcessLookupError:
-                pass
+                pass  # it just exited: bwrap waits for it and exits by itself; killing bwrap now would orphan it
             finally:
                 os.close(fd)
-        try:
+            return
+        try:  # no init (the sandbox never started, or it is already reaped), or no sandbox: the group
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
