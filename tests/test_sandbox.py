@@ -170,8 +170,8 @@ def test_the_hosts_backstop_ends_a_stuck_sandbox(monkeypatch):
     monkeypatch.setattr(sandbox, "STARTUP_BUDGET_S", 0.5)
     monkeypatch.setattr(sandbox, "PER_TEST_SLACK_S", -2.5)  # budget: 0.5 + 2 x (3 - 2.5) = 1.5 s
     t0 = time.monotonic()
-    first, second = run_python_tests("import sys, time\nif sys.stdin.read() == 'hang':\n    time.sleep(60)\nprint('ok')",
-                                     ["quick", "hang"], timeout_s=3.0)
+    program = "import sys, time\nif sys.stdin.read() == 'hang':\n    time.sleep(60)\nprint('ok')"
+    first, second = run_python_tests(program, ["quick", "hang"], timeout_s=3.0)
     assert time.monotonic() - t0 < 2.5
     assert first.ok and first.stdout == "ok\n"  # its frame came before the kill
     assert second.timed_out and second.stderr.startswith("the sandbox ended before this test finished")
@@ -294,6 +294,13 @@ def test_200_calls_leave_no_zombie_and_no_stray_process():
     control = probe(3, "bwrap_init")
     assert control == {"children": [["bwrap", "Z"]] * 3, "descendants": 3}  # the probe does see zombies
     assert probe(200, "run_python") == {"children": [], "descendants": 0}
+
+
+@needs_bwrap
+def test_sandbox_status_reports_how_programs_run():
+    status = sandbox.sandbox_status()
+    assert status["available"] and status["as_root"] == (os.geteuid() == 0) and 0 < status["call_s"] < 10
+    assert (status["uid_inside"] != "0") if status["as_root"] else (status["uid_inside"] == str(os.getuid()))
 
 
 # --- the unsafe opt-out --------------------------------------------------------------------------------------
