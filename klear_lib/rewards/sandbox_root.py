@@ -14,7 +14,7 @@ libffi, locale data, ...), its stdlib directories, and its site-packages. The ro
 
 Symlinks on the way to any of these are recreated as symlinks, so a path resolves inside as it does on the host
 (/lib -> usr/lib on merged-/usr systems). Host directories that hold none of it (/home, /root's other contents,
-/etc, /var, /run and its sockets, /work, the repository, datasets) do not exist inside. The caller adds /tmp,
+/etc, /var, /run and its sockets, the repository, datasets) do not exist inside. The caller adds /tmp,
 /dev and /proc (see `sandbox._bwrap_argv`).
 """
 
