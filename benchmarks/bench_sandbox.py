@@ -1,17 +1,24 @@
-"""Sandbox overhead per test: `run_python` under bubblewrap against a bare subprocess running the same program.
+"""Sandbox cost against bare subprocesses running the same program: per call, and per 16-test sample.
 
 The program reads numbers from stdin and prints their sum: a typical test's size, so that what is timed is the
-per-test cost of the sandbox (namespaces, mounts, the limit-setting wrapper), not the program. Same interpreter
-(`-I -S`), same run, interleaved, medians. A third column, `run_python(unsafe_no_sandbox=True)` (limits and
-output capture but no bwrap), splits the overhead into bwrap's part and the rest.
+sandbox's own cost (namespaces, mounts, seccomp, the warm interpreter, the fork per test), not the program.
+Same interpreter and flags (`-I -S`), same run, interleaved, medians.
 
-Target: ratio (bwrap / bare) <= 1.3. Run: `.venv/bin/python benchmarks/bench_sandbox.py [--repeats 50]`.
+Per call: one `run_python` (a sandbox for one test) against one bare subprocess; a third column,
+`run_python(unsafe_no_sandbox=True)` (the same warm interpreter and limits, no bwrap), splits the overhead into
+bwrap's part and the rest. Per sample: one `run_python_tests` with 16 tests (one sandbox, a fork per test)
+against 16 bare subprocesses, one per test, as a code reward without the per-sample sandbox would run them.
+
+Targets: per-sample ratio (sandbox / bare, wall time) <= 0.5, printed as the last line; the CPU time beside it
+is less disturbed by other load on the machine. Run:
+`.venv/bin/python benchmarks/bench_sandbox.py [--repeats 50] [--sample-repeats 20]`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -19,16 +26,40 @@ import tempfile
 import time
 import warnings
 
-from klear_lib.rewards.sandbox import UnsafeSandboxWarning, run_python
+from klear_lib.rewards.sandbox import UnsafeSandboxWarning, run_python, run_python_tests
 
 PROGRAM = "import sys\nprint(sum(map(int, sys.stdin.read().split())))\n"
-STDIN = " ".join(map(str, range(1000))) + "\n"
-EXPECTED = f"{sum(range(1000))}\n"
+TESTS = [" ".join(map(str, range(k, k + 1000))) + "\n" for k in range(16)]
+EXPECTED = [f"{sum(range(k, k + 1000))}\n" for k in range(16)]
+
+
+def interleaved(cases: dict, repeats: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median wall and CPU milliseconds per case, the cases taking turns so that machine noise hits each alike.
+    CPU: user + system time of this process and of every process it waited for (the sandbox's included), which
+    other load on the machine disturbs less than wall time."""
+    for fn in cases.values():  # warm-up: page cache, bwrap version check, the interpreter's files
+        fn()
+    wall = {name: [] for name in cases}
+    cpu = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            c0, t0 = _cpu_s(), time.perf_counter()
+            fn()
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(_cpu_s() - c0)
+    med = lambda d: {name: statistics.median(ts) * 1e3 for name, ts in d.items()}  # noqa: E731
+    return med(wall), med(cpu)
+
+
+def _cpu_s() -> float:
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=50, help="per-call rounds")
+    ap.add_argument("--sample-repeats", type=int, default=20, help="per-sample rounds")
     args = ap.parse_args()
 
     python = os.path.realpath(sys.executable)
@@ -37,33 +68,40 @@ def main() -> None:
         with open(path, "w") as f:
             f.write(PROGRAM)
 
-        def bare():
-            r = subprocess.run([python, "-I", "-S", path], input=STDIN, capture_output=True, text=True, timeout=10)
-            assert r.stdout == EXPECTED
+        def bare(k=0):
+            r = subprocess.run([python, "-I", "-S", path], input=TESTS[k], capture_output=True, text=True, timeout=10)
+            assert r.stdout == EXPECTED[k]
 
         def sandboxed():
-            assert run_python(PROGRAM, stdin=STDIN, timeout_s=10).stdout == EXPECTED
+            assert run_python(PROGRAM, stdin=TESTS[0], timeout_s=10).stdout == EXPECTED[0]
 
         def unsafe():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UnsafeSandboxWarning)
-                assert run_python(PROGRAM, stdin=STDIN, timeout_s=10, unsafe_no_sandbox=True).stdout == EXPECTED
+                assert run_python(PROGRAM, stdin=TESTS[0], timeout_s=10, unsafe_no_sandbox=True).stdout == EXPECTED[0]
 
-        cases = {"bare subprocess": bare, "bwrap sandbox": sandboxed, "limits, no bwrap": unsafe}
-        times = {name: [] for name in cases}
-        for fn in cases.values():  # warm-up: page cache, bwrap version check, interpreter roots
-            fn()
-        for _ in range(args.repeats):
-            for name, fn in cases.items():  # interleaved: machine noise hits every case alike
-                t0 = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t0)
+        def bare_sample():
+            for k in range(len(TESTS)):
+                bare(k)
 
-    med = {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
-    for name, ms in med.items():
-        print(f"{name:>18}: {ms:7.2f} ms per call (median of {args.repeats})")
-    ratio = med["bwrap sandbox"] / med["bare subprocess"]
-    print(f"{'ratio':>18}: {ratio:7.2f}x  (bwrap sandbox / bare subprocess; target <= 1.3)")
+        def sandboxed_sample():
+            assert [r.stdout for r in run_python_tests(PROGRAM, TESTS, timeout_s=10)] == EXPECTED
+
+        per_call, call_cpu = interleaved({"bare subprocess": bare, "bwrap sandbox": sandboxed,
+                                          "limits, no bwrap": unsafe}, args.repeats)
+        per_sample, sample_cpu = interleaved({"16 bare subprocesses": bare_sample,
+                                              "one sandbox, 16 tests": sandboxed_sample}, args.sample_repeats)
+
+    for name, ms in per_call.items():
+        print(f"{name:>22}: {ms:7.2f} ms per call, {call_cpu[name]:6.2f} ms CPU (median of {args.repeats})")
+    ratio = per_call["bwrap sandbox"] / per_call["bare subprocess"]
+    print(f"{'per-call ratio':>22}: {ratio:7.2f}x  (bwrap sandbox / bare subprocess, one test)")
+    for name, ms in per_sample.items():
+        print(f"{name:>22}: {ms:7.2f} ms per sample, {sample_cpu[name]:6.2f} ms CPU (median of {args.sample_repeats})")
+    cpu_ratio = sample_cpu["one sandbox, 16 tests"] / sample_cpu["16 bare subprocesses"]
+    print(f"{'per-sample CPU ratio':>22}: {cpu_ratio:7.2f}x")
+    sample_ratio = per_sample["one sandbox, 16 tests"] / per_sample["16 bare subprocesses"]
+    print(f"per-sample ratio: {sample_ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -168,14 +168,15 @@ def test_function_calls_top_level_and_solution_methods():
 
 
 @needs_bwrap
-def test_function_call_tests_share_one_sandbox_run(monkeypatch):
+def test_a_sample_runs_in_one_sandbox(monkeypatch):
     calls = []
-    real = code_reward.run_python
-    monkeypatch.setattr(code_reward, "run_python", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = code_reward.run_python_tests
+    monkeypatch.setattr(code_reward, "run_python_tests", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     tests = [{"fn_name": "add", "args": [i, i], "expected": 2 * i} for i in range(10)]
-    r = score_code(respond(CALL_PROGRAM), tests + DOUBLE_TESTS[:2])
-    assert r.passed == 10 and r.total == 12
-    assert len(calls) == 1 + 2  # one run for ten function calls, one per stdin test
+    r = score_code(respond(CALL_PROGRAM + "\nif __name__ == '__main__':\n    print(2 * int(input()))"),
+                   tests + DOUBLE_TESTS[:2])
+    assert r.passed == 12 and r.total == 12
+    assert len(calls) == 1 and len(calls[0]) == 12  # one sandbox for ten function calls and two stdin tests
 
 
 @needs_bwrap
@@ -208,11 +209,38 @@ def test_function_call_results_cannot_be_forged_by_printing():
 
 
 @needs_bwrap
-def test_a_process_dying_mid_run_keeps_earlier_results():
-    program = "import os\ndef f(x):\n    if x == 2:\n        os._exit(1)\n    return x"
+def test_a_test_that_kills_its_process_costs_only_that_test():
+    # Each test is a fresh process: f(2) ends its own, f(3) still runs, and a global set by one test is not seen
+    # by the next (f counts its calls: every test sees 1).
+    program = ("import os\nCALLS = []\ndef f(x):\n    CALLS.append(x)\n    if x == 2:\n        os._exit(1)\n"
+               "    return len(CALLS) * x")
     tests = [{"fn_name": "f", "args": [x], "expected": x} for x in (1, 2, 3)]
     outcomes = code_reward.run_tests(program, tests, code_reward.make_options())
-    assert [o.status for o in outcomes] == ["passed", "crashed", "crashed"]
+    assert [o.status for o in outcomes] == ["passed", "crashed", "passed"]
+
+
+@needs_bwrap
+def test_one_hanging_test_times_out_alone():
+    program = "n = int(input())\nwhile n == 2:\n    pass\nprint(2 * n)"
+    tests = [{"input": f"{n}\n", "output": f"{2 * n}\n"} for n in (1, 2, 3)]
+    outcomes = code_reward.run_tests(program, tests, code_reward.make_options(timeout_s=0.5))
+    assert [o.status for o in outcomes] == ["passed", "timeout", "passed"]
+
+
+@needs_bwrap
+def test_exiting_before_the_call_returns_is_a_crash_and_a_flood_is_wrong():
+    tests = [{"fn_name": "f", "args": [1], "expected": 1}]
+    r = score_code(respond("import sys\ndef f(x):\n    return x\nsys.exit(0)"), tests)
+    assert (r.reason, r.passed) == ("crashed", 0) and "exited before the call returned" in r.detail
+    r = score_code(respond("def f(x):\n    while True:\n        print('y' * 100000)"), tests)
+    assert (r.reason, r.passed) == ("none_passed", 0) and "output limit exceeded" in r.detail
+
+
+def test_the_output_cap_follows_the_longest_expected_output():
+    assert code_reward.output_cap([{"input": "", "output": "1"}]) == 1 << 20  # the floor
+    big = [{"input": "", "output": "x" * 500_000}, {"fn_name": "f", "args": [], "expected": [1] * 10}]
+    assert code_reward.output_cap(big) == 2_000_000  # 4 x 500,000
+    assert code_reward.output_cap([{"fn_name": "f", "args": [], "expected": "y" * 400_000}]) == 4 * 400_002  # JSON
 
 
 # --- selection and validation ------------------------------------------------------------------------------------

@@ -1,14 +1,19 @@
 """Proof by hostile input: programs written to escape or exhaust the code sandbox, each shown contained.
 
-Every test runs one hostile program through `run_python` and asserts three things: the program did not get what
-it wanted (host files, secrets, network, surviving processes), the host is unchanged, and the result came back
-within `timeout_s + 2` s of wall time. Timeouts are short (2 s) to keep this file fast.
+Every test runs hostile programs through `run_python` / `run_python_tests` and asserts three things: the program
+did not get what it wanted (host files, secrets, sockets, network, kernel interfaces, surviving processes), it
+came back within `timeout_s + 2` s of wall time, and the host is unchanged afterwards: the `host` fixture, used
+by every test, checks that the planted directory (a secret, hidden test data, a world-writable folder, a unix
+socket) is byte-identical, that nothing new appeared in $HOME or the repository, that no process of ours is
+left (zombies included), and that no socket server got a connection. Timeouts are short (1 s) to keep this
+file fast. `pytest -s` prints the corpus size and the worst wall-time overrun.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import secrets
 import shutil
 import socket
@@ -22,151 +27,328 @@ from pathlib import Path
 
 import pytest
 
-from klear_lib.rewards import sandbox
-from klear_lib.rewards.sandbox import SandboxUnavailableError, UnsafeSandboxWarning, run_python
+from klear_lib.rewards import sandbox, sandbox_root
+from klear_lib.rewards.sandbox import SandboxUnavailableError, UnsafeSandboxWarning, run_python, run_python_tests
+from klear_lib.rewards.sandbox_root import interpreter_files, is_under
 
 NO_BWRAP = "bubblewrap is not installed (apt-get install bubblewrap, or `make`)"
-TIMEOUT = 2.0
-SLACK = 2.0  # the brief: every result within timeout_s + 2 s
-OVERRUNS: list[float] = []  # wall time minus timeout_s of every run; the worst is printed (pytest -s)
+TIMEOUT = 1.0
+SLACK = 2.0  # every result within timeout_s + 2 s
+REPO = Path(__file__).resolve().parents[1]
+INTERPRETER = interpreter_files(os.path.realpath(sys.executable))  # what the sandbox shows of the host
+PROGRAMS: list[float] = []  # wall time minus the timeout budget of every hostile program run
 
 
 @pytest.fixture(scope="module", autouse=True)
-def report_worst_overrun():
+def report_corpus():
     yield
-    if OVERRUNS:
-        print(f"\nhostile corpus: {len(OVERRUNS)} runs, worst wall time = timeout_s {max(OVERRUNS):+.3f} s")
+    if PROGRAMS:
+        print(f"\nhostile corpus: {len(PROGRAMS)} programs, all contained; worst wall time = "
+              f"timeout {max(PROGRAMS):+.3f} s")
 
 
 def run(code: str, **kw):
-    """Run a hostile program; assert it came back in time; return the result."""
+    """Run one hostile program; assert it came back in time; the result."""
+    return run_tests(code, [kw.pop("stdin", "")], **kw)[0]
+
+
+def run_tests(code: str, tests: list, **kw):
+    """Run one hostile program on several tests in one sandbox; assert it came back in time; the results."""
     if shutil.which("bwrap") is None:
         pytest.skip(NO_BWRAP)
     kw.setdefault("timeout_s", TIMEOUT)
     t0 = time.monotonic()
-    r = run_python(textwrap.dedent(code), **kw)
+    results = run_python_tests(textwrap.dedent(code), tests, **kw)
     wall = time.monotonic() - t0
-    OVERRUNS.append(wall - kw["timeout_s"])
-    assert wall <= kw["timeout_s"] + SLACK, f"took {wall:.2f} s"
-    assert r.sandboxed
-    return r
+    budget = len(tests) * kw["timeout_s"]
+    PROGRAMS.append(wall - budget)
+    assert wall <= budget + SLACK, f"took {wall:.2f} s"
+    assert all(r.sandboxed for r in results)
+    return results
 
 
 def snapshot(d: Path) -> dict:
-    """Every file under d with its bytes: the 'host unchanged' check."""
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+    """Every entry under d with its bytes (None for a directory or a socket)."""
+    return {str(p.relative_to(d)): (p.read_bytes() if p.is_file() else None) for p in sorted(d.rglob("*"))}
 
 
-def pids_with(marker: str) -> list[int]:
-    """Host processes whose command line or name contains `marker`."""
-    found = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit() or int(p.name) == os.getpid():
-            continue
+def descendants() -> list[str]:
+    """Every process below this one (zombies too), as 'pid comm state'."""
+    stats = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
         try:
-            text = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            text += " " + (p / "comm").read_text()
+            head, tail = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)
         except OSError:
             continue
-        if marker in text:
-            found.append(int(p.name))
+        stats[int(p)] = (head.split("(", 1)[1], tail.split()[0], int(tail.split()[1]))
+    found, frontier = [], {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, (_, _, ppid) in stats.items() if ppid in frontier}
+        found += [f"{pid} {stats[pid][0]} {stats[pid][1]}" for pid in frontier]
     return found
 
 
-@pytest.fixture
-def visible_dir():
-    """A host directory the sandbox CAN see (not under a masked dir), so that writes meet the read-only bind."""
-    masked = sandbox._masked_dirs()
-    for base in ("/var/cache", "/opt", "/srv", os.getcwd()):
-        base = os.path.realpath(base)
-        if os.access(base, os.W_OK) and not any(sandbox._is_under(base, m) for m in masked):
-            d = Path(tempfile.mkdtemp(prefix="klear-sandbox-test-", dir=base))
-            os.chmod(d, 0o777)  # world-writable on purpose: only the read-only bind may stop the program
-            (d / "planted.txt").write_text("original\n")
-            os.chmod(d / "planted.txt", 0o666)
-            yield d
-            shutil.rmtree(d, ignore_errors=True)
-            return
-    pytest.skip("no writable host directory outside the masked ones")
+class Host:
+    """What a program must not reach: a planted directory with a secret, hidden test data, a world-writable
+    folder and a listening unix socket, plus a TCP server on the host's loopback and an abstract unix socket."""
 
+    def __init__(self, root: Path):
+        self.dir = root
+        self.secret = secrets.token_hex(16)
+        (root / "secret.txt").write_text(self.secret)
+        (root / "hidden_tests.jsonl").write_text(json.dumps({"input": "1", "output": self.secret}) + "\n")
+        (root / "open").mkdir(mode=0o777)
+        os.chmod(root / "open", 0o777)  # world-writable on purpose: only the sandbox may stop a write
+        os.chmod(root, 0o755)
+        self.unix_path = str(root / "host.sock")
+        self.servers = []
+        for family, addr in ((socket.AF_UNIX, self.unix_path), (socket.AF_UNIX, "\0klear-" + self.secret[:12]),
+                             (socket.AF_INET, ("127.0.0.1", 0))):
+            s = socket.socket(family)
+            s.bind(addr)
+            s.listen(8)
+            s.setblocking(False)
+            self.servers.append(s)
+        self.abstract = self.servers[1].getsockname()
+        self.tcp_port = self.servers[2].getsockname()[1]
 
-# --- resource exhaustion ---------------------------------------------------------------------------------------
+    def state(self):
+        listing = lambda d: sorted(os.listdir(d)) if os.path.isdir(d) else None  # noqa: E731
+        return snapshot(self.dir), listing(os.path.expanduser("~")), listing(REPO), listing(REPO / "tests")
 
-def test_fork_bomb_is_bounded_and_reaped():
-    marker = "klear-forkbomb-" + secrets.token_hex(8)
-    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-    r = run(f"""
-        import os, sys
-        os.execv(sys.executable, [sys.executable, '-c', {bomb!r}, {marker!r}])  # the marker is in every copy's argv
-    """)
-    assert r.timed_out
-    assert pids_with(marker) == []  # every forked copy died with the sandbox
-
-
-def test_fork_bomb_hits_the_process_limit():
-    r = run("""
-        import os, sys
-        kids = 0
-        try:
-            for _ in range(1000):
-                if os.fork() == 0:
-                    import time; time.sleep(5); os._exit(0)
-                kids += 1
-        except OSError as e:
-            print('limit', kids, e.errno)
-    """, max_processes=8)
-    assert r.stdout.startswith("limit")
-    assert int(r.stdout.split()[1]) < 8
-
-
-def test_thread_bomb_hits_the_process_limit():
-    r = run("""
-        import threading, time
+    def connections(self) -> int:
         n = 0
-        try:
-            while True:
-                threading.Thread(target=time.sleep, args=(5,), daemon=True).start(); n += 1
-        except RuntimeError:
-            print('limit', n)
+        for s in self.servers:
+            try:
+                s.accept()[0].close()
+                n += 1
+            except BlockingIOError:
+                pass
+        return n
+
+
+@pytest.fixture
+def host(tmp_path):
+    h = Host(tmp_path)
+    before = h.state()
+    yield h
+    try:
+        assert descendants() == []
+        assert h.connections() == 0
+        assert h.state() == before
+    finally:
+        for s in h.servers:
+            s.close()
+
+
+def assert_no_secret(h: Host, *results):
+    for r in results:
+        assert h.secret not in r.stdout + r.stderr
+
+
+# --- the host's files and secrets ------------------------------------------------------------------------------
+
+def test_planted_secret_and_hidden_tests_are_not_there(host):
+    r = run(f"""
+        for p in ({str(host.dir / 'secret.txt')!r}, {str(host.dir / 'hidden_tests.jsonl')!r}, {str(host.dir)!r}):
+            try:
+                print(open(p).read())
+            except OSError as e:
+                print('blocked', type(e).__name__)
     """)
-    assert r.stdout.startswith("limit") and int(r.stdout.split()[1]) < 16
+    assert r.stdout.split() == ["blocked", "FileNotFoundError"] * 3
+    assert_no_secret(host, r)
 
 
-def test_infinite_loop_times_out():
-    r = run("while True:\n    pass\n")
-    assert r.timed_out and not r.ok and r.duration_s >= TIMEOUT
+def test_searching_the_whole_filesystem_finds_no_secret_and_no_data(host):
+    r = run(f"""
+        import os
+        hits, n = [], 0
+        needle = {host.secret[::-1]!r}[::-1].encode()  # reversed here, so that main.py itself does not hold it
+        for top, dirs, files in os.walk('/'):
+            if top in ('/proc', '/dev'):
+                dirs[:] = files[:] = []  # the sandbox's own processes; devices (reading /dev/ptmx would block)
+            for f in files:
+                p = os.path.join(top, f)
+                n += 1
+                if f.endswith(('.jsonl', '.parquet', '.json', '.csv')) and '/python3' not in p:
+                    hits.append(p)  # data files outside the stdlib
+                try:
+                    with open(p, 'rb') as fh:
+                        if needle in fh.read(1 << 16):
+                            hits.append('SECRET ' + p)
+                except OSError:
+                    pass
+        print(n, hits)
+    """, timeout_s=20)
+    assert r.ok, r.stderr
+    assert int(r.stdout.split()[0]) > 100 and r.stdout.split(maxsplit=1)[1] == "[]\n"
+    assert_no_secret(host, r)
 
 
-def test_sleeping_with_stdout_closed_still_times_out():
-    r = run("import os, time\nos.close(1); os.close(2)\ntime.sleep(60)\n")
-    assert r.timed_out
+def test_the_repository_is_not_there(host):
+    r = run(f"""
+        import os
+        for p in ({str(REPO)!r}, {str(REPO / 'README.md')!r}, {str(Path(__file__).resolve())!r},
+                  os.path.dirname(__file__)):
+            print(p, os.path.exists(p))
+    """)
+    lines = r.stdout.splitlines()
+    assert [ln.rsplit(" ", 1)[1] for ln in lines] == ["False", "False", "False", "True"]  # only /tmp, its own
+    assert lines[3] == "/tmp True"
 
 
-def test_memory_bomb_hits_the_address_space_limit():
-    r = run("""
-        chunks = []
-        while True:
-            chunks.append(bytearray(50 << 20))
-    """, memory_mb=256)
-    assert not r.timed_out and r.returncode != 0
-    assert "MemoryError" in r.stderr
+def test_home_directory_secret_is_not_there(host):
+    home = Path(os.path.expanduser("~"))
+    if not os.access(home, os.W_OK):
+        pytest.skip(f"cannot plant a file in {home}")
+    planted = home / f".klear-sandbox-secret-{host.secret[:8]}"
+    planted.write_text(host.secret)
+    try:
+        r = run(f"""
+            import glob, os
+            print(os.path.exists({str(planted)!r}))
+            for p in glob.glob({str(home)!r} + '/.*') + glob.glob({str(home)!r} + '/*') + glob.glob('/home/*/*'):
+                print(p)
+        """)
+        lines = r.stdout.splitlines()
+        assert lines[0] == "False"
+        # What is left is the interpreter's own (pyenv keeps it in a home) or the directories leading to it.
+        shown = [*INTERPRETER.directories, *INTERPRETER.files]
+        assert [p for p in lines[1:] if not any(is_under(d, p) or is_under(p, d) for d in shown)] == []
+        assert_no_secret(host, r)
+    finally:
+        planted.unlink()
 
 
-def test_one_gigabyte_print_is_cut_at_the_cap():
-    r = run("""
-        import sys
-        block = 'x' * (1 << 20)
-        for _ in range(1024):
-            sys.stdout.write(block)
-    """, max_output_bytes=1 << 20)
-    assert r.output_limit_exceeded and r.stdout_truncated
-    assert len(r.stdout) == 1 << 20
+def test_system_files_are_not_there(host):
+    # The top level holds /dev, /proc, /tmp, and the first component of each path of the interpreter's minimal
+    # root (usr, lib, lib64, etc for ld.so.cache, and wherever the interpreter itself lives, e.g. /opt).
+    shown = {a.split("/")[1] for a in sandbox_root.root_argv(os.path.realpath(sys.executable)) if a.startswith("/")}
+    absent = [p for p in ("/etc/passwd", "/etc/shadow", "/etc/hostname", "/etc/hosts", "/var", "/run", "/sys",
+                          "/opt", "/srv", "/mnt", "/bin/sh", "/usr/bin/env", "/sbin") if p.split("/")[1] not in shown
+              or p.startswith(("/etc/", "/usr/bin/"))]
+    r = run(f"""
+        import os
+        for p in {absent!r}:
+            print(os.path.exists(p))
+        print(sorted(os.listdir('/')))
+    """)
+    lines = r.stdout.splitlines()
+    assert len(absent) >= 9 and lines[:-1] == ["False"] * len(absent)
+    assert set(json.loads(lines[-1].replace("'", '"'))) <= {"dev", "proc", "tmp"} | shown
 
 
-def test_filling_the_disk_stays_in_the_tmpfs():
-    before = shutil.disk_usage("/").free
+def test_environment_secrets_do_not_leak(host, monkeypatch):
+    monkeypatch.setenv("KLEAR_TEST_API_KEY", host.secret)
     r = run("""
         import os
+        print(dict(os.environ))
+        for pid in os.listdir('/proc'):
+            if pid.isdigit():
+                for what in ('environ', 'cmdline'):
+                    try:
+                        print(open(f'/proc/{pid}/{what}', 'rb').read())
+                    except OSError:
+                        pass
+    """)
+    assert r.returncode == 0 and "PATH" in r.stdout
+    assert_no_secret(host, r)
+
+
+def test_the_warm_interpreter_is_out_of_reach_through_proc(host):
+    # pid 1 holds the frame pipe to the host; its memory and descriptors must stay closed to the tests.
+    r = run("""
+        import os
+        for p in ('/proc/1/mem', '/proc/1/fd', '/proc/1/environ', '/proc/1/root/tmp', '/proc/1/map_files'):
+            try:
+                if os.path.isdir(p):
+                    print(p, 'listed', len(os.listdir(p)))
+                else:
+                    open(p, 'rb').read(1); print(p, 'read')
+            except OSError as e:
+                print(p, 'blocked', e.errno)
+        for fd in range(3, 64):
+            try:
+                os.write(os.open(f'/proc/1/fd/{fd}', os.O_WRONLY), b'0 0 0 0 0 0 0.0 0 0 0\\n')
+                print('WROTE', fd)
+            except OSError:
+                pass
+    """)
+    lines = r.stdout.splitlines()
+    assert [ln.split()[1] for ln in lines if not ln.startswith("/proc/1/root")] == ["blocked"] * 4
+    assert "WROTE" not in r.stdout
+
+
+def test_writing_the_root_the_interpreter_and_proc_fails(host):
+    stdlib = os.path.dirname(os.__file__)
+    before = sorted(os.listdir(stdlib))
+    r = run(f"""
+        import os
+        for p in ('/new.txt', {stdlib + '/evil.py'!r}, '/usr/lib/evil.so', '/etc/ld.so.cache', '/dev/evil',
+                  '/proc/sysrq-trigger', '/proc/sys/vm/drop_caches'):
+            try:
+                with open(p, 'w') as f:
+                    f.write('1')
+                print('DID', p)
+            except OSError as e:
+                print('blocked', e.errno)
+    """)
+    assert "DID" not in r.stdout and r.stdout.count("blocked") == 7
+    assert sorted(os.listdir(stdlib)) == before
+
+
+def test_shell_and_coreutils_are_absent(host):
+    r = run(f"""
+        import os, subprocess
+        try:
+            subprocess.run(['rm', '-rf', {str(host.dir)!r}])
+        except OSError as e:
+            print('no rm', e.errno)
+        print(os.system('rm -rf {host.dir}; echo pwned > {host.dir}/open/x'))
+    """)
+    assert r.stdout.split() == ["no", "rm", "2", str(127 << 8)]  # ENOENT; /bin/sh not found
+
+
+def test_symlinks_and_hard_links_lead_nowhere(host):
+    r = run(f"""
+        import os
+        os.symlink({str(host.dir / 'secret.txt')!r}, '/tmp/s')
+        os.symlink('/proc/1/root' + {str(host.dir)!r}, '/tmp/t')
+        for p in ('/tmp/s', '/tmp/t/secret.txt'):
+            try:
+                print(open(p).read())
+            except OSError as e:
+                print('blocked', e.errno)
+        try:
+            os.link('/etc/ld.so.cache', '/tmp/h'); print('linked')
+        except OSError as e:
+            print('blocked', e.errno)
+    """)
+    out = r.stdout.split()
+    assert out[0::2] == ["blocked"] * 3
+    assert out[1] == "2" and out[3] in ("2", "13") and out[5] == "18"  # ENOENT, ENOENT or EACCES, EXDEV
+    assert_no_secret(host, r)
+
+
+def test_the_working_directory_is_private(host, monkeypatch):
+    monkeypatch.chdir(host.dir / "open")  # the caller's cwd: the program must not get it
+    r = run("""
+        import os
+        print(os.getcwd(), sorted(os.listdir('.')))
+        try:
+            os.remove('main.py')
+        except PermissionError:
+            print('main.py is not mine')
+        open('written.txt', 'w').write('mine')
+        print(sorted(os.listdir('.')))
+    """)
+    assert r.stdout.splitlines() == ["/tmp ['main.py']", "main.py is not mine", "['main.py', 'written.txt']"]
+
+
+def test_filling_the_disk_stays_in_the_tmpfs(host):
+    before = shutil.disk_usage("/").free
+    r = run("""
         total = 0
         for d in ('/tmp', '/dev/shm'):
             for i in range(1000):
@@ -179,16 +361,371 @@ def test_filling_the_disk_stays_in_the_tmpfs():
                     if e.errno == 28:  # ENOSPC: this filesystem is full, try the next
                         break
         print('total', total)
-    """, tmpfs_mb=32, max_file_mb=8)
+    """, tmpfs_mb=32, max_file_mb=8, timeout_s=10)
     lines = r.stdout.split("\n")
     assert "/tmp 27" in lines  # EFBIG: one file stops at RLIMIT_FSIZE
     assert "/tmp 28" in lines and "/dev/shm 28" in lines  # ENOSPC: the tmpfs sizes bound the total
-    total = int(r.stdout.split("total")[1])
-    assert total <= 2 * (32 << 20)
+    assert int(r.stdout.split("total")[1]) <= 2 * (32 << 20)
     assert before - shutil.disk_usage("/").free < 32 << 20  # the host's disk did not take it
 
 
-def test_too_many_open_files():
+# --- sockets and the network ---------------------------------------------------------------------------------
+
+def test_the_hosts_unix_sockets_are_unreachable(host):
+    r = run(f"""
+        import socket
+        for addr in ({host.unix_path!r}, {host.abstract!r}, '/run/docker.sock', '/var/run/docker.sock',
+                     '/run/dbus/system_bus_socket', '/run/systemd/private'):
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(addr); print('CONNECTED', addr)
+            except OSError as e:
+                print('blocked', e.errno)
+    """)
+    assert r.stdout.split() == ["blocked", "2", "blocked", "111"] + ["blocked", "2"] * 4  # ENOENT, ECONNREFUSED
+
+
+def test_no_network_to_the_hosts_loopback_or_beyond(host):
+    r = run(f"""
+        import socket
+        for addr in (('127.0.0.1', {host.tcp_port}), ('localhost', {host.tcp_port}), ('1.1.1.1', 53)):
+            try:
+                socket.create_connection(addr, timeout=0.5); print('CONNECTED', addr)
+            except OSError as e:
+                print('blocked')
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            u.sendto(b'x', ('8.8.8.8', 53)); print('SENT')
+        except OSError as e:
+            print('blocked')
+    """)
+    assert r.stdout.split() == ["blocked"] * 4
+
+
+def test_vsock_packet_and_raw_sockets_are_refused(host):
+    r = run("""
+        import socket
+        for family, kind in ((40, socket.SOCK_STREAM), (17, socket.SOCK_RAW), (socket.AF_INET, socket.SOCK_RAW)):
+            try:
+                socket.socket(family, kind, 0 if family != socket.AF_INET else 1); print('OPENED', family)
+            except OSError as e:
+                print('blocked', e.errno)
+    """)
+    assert r.stdout.split() == ["blocked", "1"] * 3  # EPERM: vsock is not namespaced, packet/raw need CAP_NET_RAW
+
+
+# --- the kernel: namespaces, tracing, keyring, bpf, mounts (the seccomp filter) --------------------------------
+
+SYSCALL = """
+import ctypes, platform
+libc = ctypes.CDLL(None, use_errno=True)
+A = 0 if platform.machine() == "x86_64" else 1
+def sys_(nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr[A]), *[ctypes.c_long(a) for a in args])
+    return ctypes.get_errno() if r == -1 else 'ok'
+"""
+
+
+def test_nested_user_namespace_is_refused(host):
+    r = run(SYSCALL + """
+print(sys_((272, 97), 0x10000000))                     # unshare(CLONE_NEWUSER)
+print(sys_((272, 97), 0x10000000 | 0x20000))           # ... and a mount namespace: "root" inside
+print(sys_((56, 220), 0x10000000 | 17, 0, 0, 0, 0))    # clone(CLONE_NEWUSER | SIGCHLD)
+print(sys_((56, 220), 0x40000000 | 17, 0, 0, 0, 0))    # clone(CLONE_NEWNET | SIGCHLD)
+import os
+try:
+    os.unshare(os.CLONE_NEWUSER)                       # Python >= 3.12 has it
+    print('ok')
+except AttributeError:
+    print(1)
+except OSError as e:
+    print(e.errno)
+    """)
+    assert r.stdout.split() == ["1"] * 5  # EPERM
+
+
+def test_ptrace_of_the_parent_and_a_sibling_is_refused(host):
+    r = run(SYSCALL + """
+import os, time
+kid = os.fork()
+if kid == 0:
+    time.sleep(5); os._exit(0)
+print(sys_((101, 117), 16, 1, 0, 0))     # PTRACE_ATTACH to pid 1
+print(sys_((101, 117), 16, kid, 0, 0))   # to its own child
+print(sys_((101, 117), 0, 0, 0, 0))      # PTRACE_TRACEME
+print(sys_((310, 270), kid, 0, 0, 0, 0, 0))  # process_vm_readv
+os.kill(kid, 9)
+    """)
+    assert r.stdout.split() == ["1"] * 4
+
+
+def test_kernel_keyring_bpf_and_perf_are_refused(host):
+    r = run(SYSCALL + """
+print(sys_((250, 219), 0, -3, 1, 0))          # keyctl(KEYCTL_GET_KEYRING_ID, session, create)
+print(sys_((248, 217), 0, 0, 0, 0, -3))       # add_key
+print(sys_((249, 218), 0, 0, 0, -3))          # request_key
+print(sys_((321, 280), 0, 0, 0))              # bpf(BPF_MAP_CREATE)
+print(sys_((298, 241), 0, 0, -1, -1, 0))      # perf_event_open
+print(sys_((323, 282), 0))                    # userfaultfd
+print(sys_((425, 425), 8, 0))                 # io_uring_setup
+print(sys_((175, 105), 0, 0, 0))              # init_module
+    """)
+    assert r.stdout.split() == ["1"] * 8
+
+
+def test_mount_chroot_and_pivot_root_are_refused(host):
+    r = run(SYSCALL + """
+import ctypes
+b = lambda s: ctypes.cast(ctypes.c_char_p(s), ctypes.c_void_p).value
+print(sys_((165, 40), b(b'none'), b(b'/tmp'), b(b'tmpfs'), 0, 0))   # mount
+print(sys_((166, 39), b(b'/tmp'), 2))                                # umount2(MNT_DETACH)
+print(sys_((161, 51), b(b'/tmp')))                                   # chroot
+print(sys_((155, 41), b(b'/tmp'), b(b'/tmp')))                       # pivot_root
+print(sys_((308, 268), 0, 0))                                        # setns
+    """)
+    assert r.stdout.split() == ["1"] * 5
+
+
+def test_no_capability_no_way_back_to_root(host):
+    r = run("""
+        import os
+        status = dict(line.split(':', 1) for line in open('/proc/self/status').read().splitlines())
+        print(os.getuid(), os.geteuid())
+        for key in ('CapPrm', 'CapEff', 'CapAmb', 'NoNewPrivs', 'Seccomp'):
+            print(key, status[key].strip())
+        for act in (lambda: os.setuid(0), lambda: os.setgid(0), lambda: os.setgroups([0])):
+            try:
+                act(); print('ROOT')
+            except PermissionError:
+                print('blocked')
+    """)
+    lines = r.stdout.splitlines()
+    uid, euid = lines[0].split()
+    assert uid == euid and uid != "0"
+    # Inheritable bits may remain (setuid does not clear them); they grant nothing without file capabilities,
+    # which no_new_privs and a root without setuid or capability-carrying binaries rule out.
+    assert lines[1:6] == ["CapPrm 0000000000000000", "CapEff 0000000000000000", "CapAmb 0000000000000000",
+                          "NoNewPrivs 1", "Seccomp 2"]
+    assert lines[6:] == ["blocked"] * 3
+
+
+def test_personality_and_x32_calls_are_refused(host):
+    r = run(SYSCALL + """
+print(sys_((135, 92), 0x0040000))                      # ADDR_NO_RANDOMIZE
+print(sys_((0x40000000 | 39, 0)) if A == 0 else 1)     # the x32 ABI's getpid (x86_64 only)
+    """)
+    assert r.stdout.split() == ["1", "1"]
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="i386 entry point: x86_64 only")
+def test_the_32_bit_entry_point_kills_the_process(host):
+    # mov eax, 20 (getpid in the i386 table); int 0x80; ret: the filter sees AUDIT_ARCH_I386 and kills (SIGSYS).
+    r = run("""
+        import ctypes, mmap
+        code = bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3])
+        page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        page.write(code)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        print('pid', ctypes.CFUNCTYPE(ctypes.c_int)(addr)())
+    """)
+    assert r.killed_by_signal == 31 and "pid" not in r.stdout  # SIGSYS
+
+
+# --- processes and signals -------------------------------------------------------------------------------------
+
+def test_fork_bomb_is_bounded_and_reaped(host):
+    r = run("""
+        import os
+        while True:
+            try:
+                os.fork()
+            except OSError:
+                pass
+    """)
+    assert r.timed_out  # and the host fixture finds no process left
+
+
+def test_fork_bomb_hits_the_process_limit(host):
+    r = run("""
+        import os, time
+        kids = 0
+        try:
+            for _ in range(1000):
+                if os.fork() == 0:
+                    time.sleep(5); os._exit(0)
+                kids += 1
+        except OSError as e:
+            print('limit', kids, e.errno)
+    """, max_processes=8)
+    assert r.stdout.startswith("limit") and int(r.stdout.split()[1]) < 8
+
+
+def test_thread_bomb_hits_the_process_limit(host):
+    r = run("""
+        import threading, time
+        n = 0
+        try:
+            while True:
+                threading.Thread(target=time.sleep, args=(5,), daemon=True).start(); n += 1
+        except RuntimeError:
+            print('limit', n)
+    """)
+    assert r.stdout.startswith("limit") and int(r.stdout.split()[1]) < 16
+
+
+def test_signals_to_the_parent_init_and_host_processes_fail(host):
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # its pid is given away
+    try:
+        first, second = run_tests(f"""
+            import os, signal, sys
+            if sys.stdin.read() == 'attack':
+                for attempt in (lambda: os.kill(os.getppid(), 9), lambda: os.kill(1, signal.SIGSTOP),
+                                lambda: os.kill(1, signal.SIGTERM), lambda: os.killpg(os.getpgid(1), 9),
+                                lambda: os.kill({bystander.pid}, 9), lambda: os.kill(-1, 9)):
+                    try:
+                        attempt()
+                    except OSError as e:
+                        print('blocked', e.errno)
+            print('alive')
+        """, ["attack", "next"])
+        # Pid 1 takes no signal from inside its namespace that it has no handler for, host processes are not
+        # in this namespace, and kill(-1) reaches only this uid's processes here: none but the caller.
+        assert first.ok and first.stdout.endswith("alive\n")
+        assert second.ok and second.stdout == "alive\n"  # the warm interpreter still serves the next test
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+@pytest.mark.parametrize("main_exits", ["at_once", "by_timeout"])
+def test_detached_daemon_dies_with_its_test(host, main_exits):
+    marker = "klear-daemon-" + secrets.token_hex(8)
+    r = run(f"""
+        import os, sys, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(30)', {marker!r}])
+            os._exit(0)
+        time.sleep(0.2)
+        {'time.sleep(60)' if main_exits == 'by_timeout' else 'print("bye")'}
+    """)
+    assert r.timed_out == (main_exits == "by_timeout")
+    assert not any(marker in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+                   for p in filter(str.isdigit, os.listdir("/proc")) if os.path.exists(f"/proc/{p}/cmdline"))
+
+
+def test_busy_children_die_with_their_test(host):
+    r = run("""
+        import os
+        for _ in range(4):
+            if os.fork() == 0:
+                while True:
+                    pass
+        print('parent leaves')
+    """)
+    assert r.ok and r.stdout == "parent leaves\n"
+
+
+def test_a_test_cannot_poison_the_next(host):
+    program = """
+        import json, os, sys, time
+        if sys.stdin.read() == 'poison':
+            json.dumps = lambda *a, **k: 'POISONED'                 # a module the warm interpreter imported
+            open('/tmp/answer.txt', 'w').write('42')                # a file for the next test to find
+            os.makedirs('/dev/shm/x', exist_ok=True)
+            try:
+                open('/tmp/main.py', 'w').write('print(666)')       # the program itself
+            except OSError as e:
+                print('main.py', e.errno)
+            if os.fork() == 0:                                      # a late writer
+                time.sleep(0.3)
+                print('LATE'); sys.stdout.flush(); os._exit(0)
+            print('poisoned')
+        else:
+            time.sleep(0.4)
+            print(json.dumps([1]), sorted(os.listdir('/tmp')), os.listdir('/dev/shm'))
+    """
+    first, second = run_tests(program, ["poison", "check"])
+    assert first.stdout == "main.py 13\npoisoned\n"  # EACCES: root owns it
+    assert second.stdout == "[1] ['main.py'] []\n"
+
+
+def test_forged_frames_do_not_reach_the_host(host):
+    results = run_tests("""
+        import os, sys
+        fake = b'1 0 0 0 0 0 0.0 6 0 0\\nFORGED'
+        for fd in range(64):
+            try:
+                os.write(fd, fake)
+            except OSError:
+                pass
+        print('honest', sys.stdin.read())
+    """, ["a", "b"])
+    assert [r.stdout.endswith(f"honest {x}\n") for r, x in zip(results, "ab")] == [True, True]
+    assert len(results) == 2 and results[1].stdout.count("FORGED") <= 1  # its own stdout, nothing more
+
+
+def test_infinite_loop_times_out(host):
+    r = run("while True:\n    pass\n")
+    assert r.timed_out and not r.ok and r.duration_s >= TIMEOUT
+
+
+def test_sleeping_with_stdout_closed_still_times_out(host):
+    r = run("import os, time\nos.close(1); os.close(2)\ntime.sleep(60)\n")
+    assert r.timed_out
+
+
+def test_large_unread_stdin_does_not_hang(host):
+    r = run("print('ignored my input')", stdin="1 2 3\n" * 2_000_000)
+    assert r.ok and r.stdout == "ignored my input\n"
+
+
+def test_no_terminal_to_push_input_into(host):
+    r = run("""
+        import fcntl, os, termios
+        for target in (lambda: 0, lambda: os.open('/dev/tty', os.O_RDWR)):
+            try:
+                fcntl.ioctl(target(), termios.TIOCSTI, b'x'); print('PUSHED')
+            except OSError as e:
+                print('blocked', e.errno)
+    """)
+    assert r.stdout.split() == ["blocked", "25", "blocked", "6"]  # ENOTTY (stdin is a file), ENXIO (no tty)
+
+
+# --- memory and output ---------------------------------------------------------------------------------------
+
+def test_memory_bomb_hits_the_address_space_limit(host):
+    r = run("""
+        chunks = []
+        while True:
+            chunks.append(bytearray(50 << 20))
+    """, memory_mb=256)
+    assert not r.timed_out and r.returncode != 0 and "MemoryError" in r.stderr
+
+
+def test_one_gigabyte_print_is_cut_at_the_cap(host):
+    r = run("""
+        import sys
+        block = 'x' * (1 << 20)
+        for _ in range(1024):
+            sys.stdout.write(block)
+    """, max_output_bytes=1 << 20)
+    assert r.output_limit_exceeded and r.stdout_truncated and len(r.stdout) == 1 << 20
+
+
+def test_stderr_flood_is_cut_at_the_cap(host):
+    r = run("""
+        import os
+        while True:
+            os.write(2, b'e' * 65536)
+    """, max_output_bytes=1 << 16)
+    assert r.output_limit_exceeded and r.stderr_truncated and len(r.stderr) == 1 << 16 and not r.timed_out
+
+
+def test_too_many_open_files(host):
     r = run("""
         fs = []
         try:
@@ -201,7 +738,7 @@ def test_too_many_open_files():
     assert n < 32 and errno == 24  # EMFILE
 
 
-def test_deep_recursion_is_contained():
+def test_deep_recursion_is_contained(host):
     # Recursing through eval() recurses in C too: with the recursion limit lifted, the C stack overflows.
     r = run("""
         import sys
@@ -210,205 +747,12 @@ def test_deep_recursion_is_contained():
             return eval('f(n + 1)')
         f(0)
     """)
-    assert not r.timed_out and r.killed_by_signal == 11  # SIGSEGV: the sandboxed process dies, nothing else
+    assert not r.timed_out and r.killed_by_signal == 11
 
 
-def test_segfault_through_ctypes():
+def test_segfault_through_ctypes(host):
     r = run("import ctypes\nctypes.string_at(0)\n")
     assert r.returncode == 128 + 11 and r.killed_by_signal == 11
-
-
-# --- the host's files --------------------------------------------------------------------------------------------
-
-def test_writing_and_deleting_host_files_fails(visible_dir, tmp_path):
-    (tmp_path / "planted.txt").write_text("original\n")
-    before, before_tmp = snapshot(visible_dir), snapshot(tmp_path)
-    r = run(f"""
-        import os, shutil
-        for d in ({str(visible_dir)!r}, {str(tmp_path)!r}):
-            for act in (lambda: open(d + '/planted.txt', 'w').write('pwned'),
-                        lambda: os.remove(d + '/planted.txt'),
-                        lambda: open(d + '/new.txt', 'w').write('pwned'),
-                        lambda: shutil.rmtree(d)):
-                try:
-                    act(); print('DID', d)
-                except OSError as e:
-                    print('blocked', e.errno)
-    """)
-    assert "DID" not in r.stdout and r.stdout.count("blocked") == 8
-    assert snapshot(visible_dir) == before and snapshot(tmp_path) == before_tmp
-
-
-def test_subprocess_rm_rf_and_os_system_leave_the_host_alone(visible_dir):
-    before = snapshot(visible_dir)
-    r = run(f"""
-        import os, subprocess
-        print(subprocess.run(['rm', '-rf', {str(visible_dir)!r}], capture_output=True).returncode)
-        print(os.system('touch {visible_dir}/new.txt; echo pwned > {visible_dir}/planted.txt'))
-    """)
-    assert r.returncode == 0 and r.stdout.split()[0] != "0"
-    assert snapshot(visible_dir) == before and os.listdir(visible_dir) == ["planted.txt"]
-
-
-def test_cwd_is_private(visible_dir, monkeypatch):
-    monkeypatch.chdir(visible_dir)  # the caller's cwd: the program must not get it
-    before = snapshot(visible_dir)
-    r = run("""
-        import os
-        print(os.getcwd(), sorted(os.listdir('.')))
-        try:
-            os.remove('main.py')
-        except PermissionError:
-            print('main.py is not mine')
-        open('written.txt', 'w').write('mine')
-        print(sorted(os.listdir('.')))
-    """)
-    assert r.returncode == 0
-    assert r.stdout.splitlines() == ["/tmp ['main.py']", "main.py is not mine", "['main.py', 'written.txt']"]
-    assert snapshot(visible_dir) == before
-
-
-def test_home_directory_secret_is_masked():
-    home = Path(os.path.expanduser("~"))
-    if not os.access(home, os.W_OK):
-        pytest.skip(f"cannot plant a file in {home}")
-    secret = secrets.token_hex(16)
-    planted = home / f".klear-sandbox-secret-{secret[:8]}"
-    planted.write_text(secret)
-    try:
-        r = run(f"""
-            import os, glob
-            for p in [{str(planted)!r}] + glob.glob('/root/.*') + glob.glob('/home/*/.*') + glob.glob('/home/*/*'):
-                try:
-                    print(open(p).read())
-                except OSError as e:
-                    print('blocked', type(e).__name__)
-        """)
-        assert secret not in r.stdout + r.stderr
-        assert "blocked FileNotFoundError" in r.stdout  # masked: the file is not even there
-    finally:
-        planted.unlink()
-
-
-def test_hide_paths_masks_more_directories(visible_dir):
-    # The rest of the host is readable by design; where the tests live can be hidden too.
-    code = f"print(open({str(visible_dir / 'planted.txt')!r}).read())"
-    assert run(code).stdout == "original\n\n"
-    r = run(code, hide_paths=(str(visible_dir),))
-    assert "FileNotFoundError" in r.stderr and "original" not in r.stdout
-
-
-def test_etc_shadow_is_unreadable():
-    if not os.path.exists("/etc/shadow"):
-        pytest.skip("no /etc/shadow")
-    r = run("print(open('/etc/shadow').read())")
-    assert r.returncode != 0 and "PermissionError" in r.stderr and r.stdout == ""
-
-
-def test_environment_secrets_do_not_leak(monkeypatch):
-    secret = secrets.token_hex(16)
-    monkeypatch.setenv("KLEAR_TEST_API_KEY", secret)
-    r = run("""
-        import os
-        print(dict(os.environ))
-        for pid in os.listdir('/proc'):
-            if pid.isdigit():
-                try:
-                    print(open(f'/proc/{pid}/environ', 'rb').read())
-                except OSError:
-                    pass
-    """)
-    assert r.returncode == 0 and "PATH" in r.stdout
-    assert secret not in r.stdout + r.stderr
-
-
-def test_cannot_become_root_again():
-    r = run("""
-        import os, subprocess
-        print(os.getuid())
-        try:
-            os.setuid(0); print('ROOT')
-        except PermissionError:
-            print('blocked')
-        print(open('/proc/self/status').read().split('NoNewPrivs:')[1].split()[0])
-    """)
-    uid, verdict, no_new_privs = r.stdout.split()
-    assert uid != "0" and verdict == "blocked" and no_new_privs == "1"  # setuid binaries cannot elevate either
-
-
-# --- network -----------------------------------------------------------------------------------------------------
-
-def test_no_network_to_the_hosts_loopback():
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    server.setblocking(False)
-    port = server.getsockname()[1]
-    try:
-        r = run(f"""
-            import socket
-            for host in ('127.0.0.1', 'localhost', '1.1.1.1'):
-                try:
-                    socket.create_connection((host, {port} if host != '1.1.1.1' else 53), timeout=1)
-                    print('CONNECTED', host)
-                except OSError as e:
-                    print('blocked', host, e.errno)
-        """)
-        assert "CONNECTED" not in r.stdout and r.stdout.count("blocked") == 3
-        with pytest.raises(BlockingIOError):
-            server.accept()  # the server saw no connection
-    finally:
-        server.close()
-
-
-# --- processes ---------------------------------------------------------------------------------------------------
-
-def test_killing_the_parent_and_its_group_fails():
-    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # its pid is given away
-    try:
-        r = run(f"""
-            import os, signal
-            for attempt in (lambda: os.kill(os.getppid(), 9), lambda: os.killpg(os.getpgid(os.getppid()), 9),
-                            lambda: os.kill({bystander.pid}, 9), lambda: os.kill(1, 9), lambda: os.kill(-1, 9)):
-                try:
-                    attempt()
-                except OSError as e:
-                    print('blocked', e.errno)
-            print('alive')
-        """)
-        # Inside, pid 1 is bwrap's init (root-owned, or immune to signals from inside its namespace), the host's
-        # processes are not visible, and kill(-1) reaches only this uid's processes in this namespace: none.
-        assert r.ok and r.stdout.endswith("alive\n")
-        assert bystander.poll() is None  # the host process survived; so did this test process
-    finally:
-        bystander.kill()
-        bystander.wait()
-
-
-@pytest.mark.parametrize("main_exits", ["at_once", "by_timeout"])
-def test_detached_daemon_dies_with_the_sandbox(main_exits, visible_dir, tmp_path):
-    marker = "klear-daemon-" + secrets.token_hex(8)
-    targets = [str(visible_dir / "daemon-was-here"), str(tmp_path / "daemon-was-here")]
-    daemon = f"import time; time.sleep(1.5); [open(p, 'w').write('x') for p in {targets!r}]"
-    r = run(f"""
-        import os, sys, time
-        if os.fork() == 0:
-            os.setsid()
-            if os.fork() == 0:
-                os.execv(sys.executable, [sys.executable, '-c', {daemon!r}, {marker!r}])
-            os._exit(0)
-        time.sleep(0.3)
-        {'time.sleep(60)' if main_exits == 'by_timeout' else 'print("bye")'}
-    """)
-    assert r.timed_out == (main_exits == "by_timeout")
-    assert pids_with(marker) == []  # gone at once, not merely unable to write
-    time.sleep(1.8)  # past the daemon's sleep: had it survived, it would have written by now
-    assert not any(os.path.exists(p) for p in targets)
-
-
-def test_large_unread_stdin_does_not_hang():
-    r = run("print('ignored my input')", stdin="1 2 3\n" * 2_000_000)
-    assert r.ok and r.stdout == "ignored my input\n"
 
 
 # --- configuration errors and the unsafe opt-in ------------------------------------------------------------------
@@ -452,65 +796,95 @@ def test_unsafe_mode_warns_on_every_call(monkeypatch):
 # --- the same containment when the caller is not root ------------------------------------------------------------
 
 NON_ROOT_PROBE = r"""
-import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])  # this file alone: stdlib only
-sandbox = sys.modules["sandbox"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sandbox)
-run_python = sandbox.run_python
-out = {}
-r = run_python("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n", timeout_s=2)
-out["fork_bomb"] = [r.timed_out, r.duration_s]
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from klear_lib.rewards.sandbox import FunctionCall, run_python_tests
+host_sock, tcp_port, secret_path = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+out, overruns = {}, []
+def run_python(code, tests=("",), timeout_s=1.0):
+    t0 = time.monotonic()
+    rs = run_python_tests(code, list(tests), timeout_s=timeout_s)
+    overruns.append(time.monotonic() - t0 - len(tests) * timeout_s)
+    return rs if len(tests) > 1 else rs[0]
+r = run_python("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n")
+out["fork_bomb"] = r.timed_out
 r = run_python("import os; print(os.getuid(), dict(os.environ))")
 out["uid_env"] = r.stdout
-r = run_python("import socket\ntry:\n    socket.create_connection(('127.0.0.1', int(%r)), timeout=1)\n"
-               "    print('CONNECTED')\nexcept OSError: print('blocked')" % sys.argv[2])
-out["net"] = r.stdout.strip()
-r = run_python("print(open(%r).read())" % sys.argv[3])
+r = run_python("import socket\nfor a in (%r, ('127.0.0.1', %d)):\n"
+               "    s = socket.socket(socket.AF_UNIX if isinstance(a, str) else socket.AF_INET)\n"
+               "    try:\n        s.connect(a); print('CONNECTED')\n    except OSError as e: print('blocked')"
+               % (host_sock, tcp_port))
+out["sockets"] = r.stdout.split()
+r = run_python("print(open(%r).read())" % secret_path)
 out["secret"] = r.stdout + r.stderr
+r = run_python(%(syscall)r + "print(sys_((272, 97), 0x10000000), sys_((101, 117), 16, 1, 0, 0), "
+               "sys_((250, 219), 0, -3, 1, 0), sys_((321, 280), 0, 0, 0), sys_((165, 40), 0, 0, 0, 0, 0))")
+out["seccomp"] = r.stdout.split()
+r = run_python("import os\nfor p in ('/proc/1/mem', '/proc/1/fd'):\n    try:\n"
+               "        os.listdir(p) if p.endswith('fd') else open(p, 'rb').read(1); print('OPEN')\n"
+               "    except OSError as e: print('blocked')")
+out["zygote"] = r.stdout.split()
+rs = run_python("import json, sys\njson.n = getattr(json, 'n', 0) + 1\ndef f(): return json.n\n"
+                "if __name__ == '__main__': print(json.n, sys.stdin.read())", ["a", FunctionCall("f"), "b"])
+out["isolation"] = [rs[0].stdout, rs[1].value, rs[2].stdout]
+out["overruns"] = overruns
 print(json.dumps(out))
-"""
+""".replace("%(syscall)r", repr(SYSCALL))
 
 
-def test_non_root_caller_is_contained_too(visible_dir):
+def test_non_root_caller_is_contained_too(host):
     """As root, run the sandbox as `nobody` (a user namespace, no uid drop): the other code path."""
     if shutil.which("bwrap") is None:
         pytest.skip(NO_BWRAP)
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to impersonate a non-root caller")
+    as_nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "env", "-i"]
     python = next((p for p in (os.path.realpath(sys.executable), "/usr/bin/python3")
-                   if subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "env", "-i",
-                                      p, "-I", "-c", "import json, selectors"],  # not frozen: really read from disk
+                   if subprocess.run([*as_nobody, p, "-I", "-c", "import json, selectors"],  # really read from disk
                                      capture_output=True).returncode == 0), None)
     if python is None:
         pytest.skip("no interpreter that nobody can run")
-    home = visible_dir / "home"  # outside /root and /home: masked only because it is the caller's $HOME
-    home.mkdir(mode=0o755)
-    os.chown(home, 65534, 65534)
-    secret = secrets.token_hex(16)
-    (home / "secret.txt").write_text(secret)
-    os.chown(home / "secret.txt", 65534, 65534)
-    # nobody may not be able to read the checkout (a fresh clone under a 0700 mktemp dir): give it a copy
-    module_copy = visible_dir / "sandbox_module.py"
-    shutil.copyfile(sandbox.__file__, module_copy)
-    os.chmod(module_copy, 0o644)
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    server.setblocking(False)
+    # nobody may not be able to read the checkout (a fresh clone under a 0700 mktemp dir) or pytest's tmp_path:
+    # give it a folder of its own with a copy of the sandbox modules in a package skeleton, a home, and a
+    # unix socket it could connect to from outside the sandbox.
+    work = Path(tempfile.mkdtemp(prefix="klear-nobody-"))
+    server = socket.socket(socket.AF_UNIX)
     try:
-        p = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "env", "-i",
-                            f"HOME={home}", "KLEAR_TEST_API_KEY=" + secret, python, "-I", "-c", NON_ROOT_PROBE,
-                            str(module_copy), str(server.getsockname()[1]), str(home / "secret.txt")],
-                           capture_output=True, text=True, timeout=60)
-        if "namespace" in p.stderr:
+        pkg = work / "lib" / "klear_lib" / "rewards"
+        pkg.mkdir(parents=True)
+        for init in (pkg.parent / "__init__.py", pkg / "__init__.py"):
+            init.write_text("")
+        for name in ("sandbox", "sandbox_exec", "sandbox_root", "sandbox_zygote", "seccomp"):
+            shutil.copyfile(REPO / "klear_lib" / "rewards" / f"{name}.py", pkg / f"{name}.py")
+        home = work / "home"
+        home.mkdir()
+        (home / "secret.txt").write_text(host.secret)
+        for p in [work, *work.rglob("*")]:
+            os.chown(p, 65534, 65534)
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+        sock = str(work / "host.sock")
+        server.bind(sock)
+        server.listen(1)
+        server.setblocking(False)
+        os.chmod(sock, 0o777)
+        p = subprocess.run([*as_nobody, f"HOME={home}", "KLEAR_TEST_API_KEY=" + host.secret, python, "-I", "-c",
+                            NON_ROOT_PROBE, str(work / "lib"), sock, str(host.tcp_port), str(home / "secret.txt")],
+                           capture_output=True, text=True, timeout=120)
+        if "namespace" in p.stderr and p.returncode != 0:
             pytest.skip(f"unprivileged user namespaces are not allowed here: {p.stderr[-300:]}")
         assert p.returncode == 0, p.stderr
-        out = json.loads(p.stdout)
-        assert out["fork_bomb"][0] and out["fork_bomb"][1] <= 2 + SLACK
-        assert out["uid_env"].startswith("65534 ") and secret not in out["uid_env"]
-        assert out["net"] == "blocked"
-        assert secret not in out["secret"] and "FileNotFoundError" in out["secret"]  # $HOME is masked
         with pytest.raises(BlockingIOError):
             server.accept()
     finally:
         server.close()
+        shutil.rmtree(work)
+    out = json.loads(p.stdout)
+    PROGRAMS.extend(out["overruns"])
+    assert max(out["overruns"]) <= SLACK
+    assert out["fork_bomb"]
+    assert out["uid_env"].startswith("65534 ") and host.secret not in out["uid_env"]
+    assert out["sockets"] == ["blocked", "blocked"]
+    assert host.secret not in out["secret"] and "FileNotFoundError" in out["secret"]  # $HOME is not there
+    assert out["seccomp"] == ["1"] * 5  # EPERM: the filter holds without root too
+    assert out["zygote"] == ["blocked", "blocked"]  # the non-dumpable warm interpreter
+    assert out["isolation"] == ["1 a\n", 1, "1 b\n"]

@@ -12,8 +12,10 @@ Rule (reference §5, "Rewards / Code"):
    status 0 in time and its stdout equals the expected output, both stripped, compared line by line with
    trailing whitespace stripped. A function-call test ``{"fn_name", "args", "expected"}`` passes if
    ``fn(*args)`` (a top-level function, else a method of a top-level ``class Solution``) returns a value equal
-   to ``expected`` after a JSON round trip (tuples compare as lists). All function-call tests of a sample run in
-   ONE sandboxed process (one sandbox start instead of n; per-test timeouts by SIGALRM), stdin tests one each.
+   to ``expected`` after a JSON round trip (tuples compare as lists). All tests of a sample run in ONE sandbox
+   (``sandbox.run_python_tests``), each in a fresh process forked from a warm interpreter, with its own
+   ``timeout_s``: a test that hangs, crashes or floods its output costs that test only. A test's stdout and
+   stderr are each capped at 4x the sample's longest expected output (at least 1 MiB): past it, ``wrong``.
 3. Score from k passed of n run (paper vs released code, reference §5):
 
        soft   = k / n            (the paper; 4 of 16 → 0.25)        failure score 0.0
@@ -27,10 +29,9 @@ Rule (reference §5, "Rewards / Code"):
 Every result is a ``RewardResult`` whose ``reason`` is one of ``REASONS``, with ``passed``/``total`` = k/n
 (for ``no_code`` / ``no_think_close``: 0 of the tests that would have run).
 
-Trust. The function-call harness shares its process with the program, so a program written to tamper with the
-harness (find its output descriptor and forge result lines) could fake passes; stdin/stdout tests cannot be
-forged that way. The harness makes it hard (per-run random nonce read from stdin, the program's stdout sent to
-/dev/null), not impossible.
+Trust. A function-call test's result is written by harness code inside the program's own process, so a
+program written to tamper with it (find the result descriptor and the per-test nonce in its memory) could fake
+passes; stdin/stdout tests cannot be forged that way (their output is read and judged outside the sandbox).
 """
 
 from __future__ import annotations
@@ -39,11 +40,10 @@ import dataclasses
 import json
 import random
 import re
-import secrets
 from dataclasses import dataclass
 
 from klear_lib.rewards.result import RewardResult, build_options
-from klear_lib.rewards.sandbox import SandboxResult, run_python
+from klear_lib.rewards.sandbox import FunctionCall, SandboxResult, run_python_tests
 
 THINK_CLOSE = "</think>"
 
@@ -66,6 +66,7 @@ MODES = {
 }
 FAILURE_SCORES = {"soft": 0.0, "signed": -1.0, "hard": 0.0}
 
+OUTPUT_CAP_FLOOR = 1 << 20  # see `output_cap`
 _FENCE = re.compile(r"```[ \t]*(?:python3|python|py)[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
@@ -86,8 +87,8 @@ class CodeRewardOptions:
     no_think_close_score: float | None = None
     """Score of ``no_think_close``; None: the mode's failure score."""
     hide_paths: tuple[str, ...] = ()
-    """Host directories to mask in the sandbox besides homes, /tmp and /run: where the tests themselves are stored
-    (datasets, caches), since the rest of the host is readable and a program that reads its tests can pass them."""
+    """Host directories to hide should they lie inside what the sandbox shows (the interpreter's own directories);
+    the sandbox shows nothing else of the host, so datasets and caches with the tests are out of reach anyway."""
     require_think_close: bool = True
     """False: a response without ``</think>`` is searched whole for code (for non-thinking models)."""
     unsafe_no_sandbox: bool = False
@@ -159,16 +160,21 @@ def select_tests(tests: list[dict], max_tests: int, seed: int) -> list[dict]:
 
 
 def run_tests(program: str, tests: list[dict], opts: CodeRewardOptions) -> list[TestOutcome]:
-    """One outcome per test, in order: function-call tests in one sandboxed run, stdin tests one run each."""
-    outcomes: list[TestOutcome | None] = [None] * len(tests)
-    calls = [i for i, t in enumerate(tests) if _test_kind(t) == "call"]
-    if calls:
-        for i, o in zip(calls, _run_calls(program, [tests[i] for i in calls], opts)):
-            outcomes[i] = o
-    for i, t in enumerate(tests):
-        if outcomes[i] is None:
-            outcomes[i] = _run_stdio(program, t, opts)
-    return outcomes
+    """One outcome per test, in order, from ONE sandbox for the sample: each test in a fresh process."""
+    runs = [test["input"] if _test_kind(test) == "stdio" else FunctionCall(test["fn_name"], list(test["args"]))
+            for test in tests]
+    results = run_python_tests(program, runs, timeout_s=opts.timeout_s, memory_mb=opts.memory_mb,
+                               max_output_bytes=output_cap(tests), hide_paths=tuple(opts.hide_paths),
+                               unsafe_no_sandbox=opts.unsafe_no_sandbox)
+    return [_judge(test, r, opts) for test, r in zip(tests, results)]
+
+
+def output_cap(tests: list[dict]) -> int:
+    """Bytes of stdout (and of stderr) a test may write before it is killed as ``wrong``: 4x the longest expected
+    output of the sample, at least ``OUTPUT_CAP_FLOOR``. Far past the answer's size a program cannot pass any
+    more, and a sample's results (up to 16 tests, both streams) then stay a few MiB in the reward worker."""
+    sizes = [len(t["output"]) if _test_kind(t) == "stdio" else len(json.dumps(t["expected"])) for t in tests]
+    return max(OUTPUT_CAP_FLOOR, 4 * max(sizes))
 
 
 def _test_kind(test: dict) -> str:
@@ -184,105 +190,25 @@ def _lines(text: str) -> list[str]:
     return [line.rstrip() for line in text.strip().splitlines()]
 
 
-def _run_stdio(program: str, test: dict, opts: CodeRewardOptions) -> TestOutcome:
-    r = run_python(program, stdin=test["input"], timeout_s=opts.timeout_s, memory_mb=opts.memory_mb,
-                   hide_paths=tuple(opts.hide_paths), unsafe_no_sandbox=opts.unsafe_no_sandbox)
+def _judge(test: dict, r: SandboxResult, opts: CodeRewardOptions) -> TestOutcome:
     if r.timed_out:
         return TestOutcome("timeout", f"no exit within {opts.timeout_s:g} s")
     if r.output_limit_exceeded:
         return TestOutcome("wrong", "output limit exceeded")
     if r.returncode != 0:
         return TestOutcome("crashed", _crash_detail(r))
-    if _lines(r.stdout) == _lines(test["output"]):
+    if _test_kind(test) == "stdio":
+        if _lines(r.stdout) == _lines(test["output"]):
+            return TestOutcome("passed")
+        return TestOutcome("wrong", f"expected {_short(test['output'].strip())}, got {_short(r.stdout.strip())}")
+    if not r.returned:  # exit status 0 before the call returned: sys.exit(0) at the top level, os._exit(0), ...
+        return TestOutcome("crashed", "the program exited before the call returned")
+    if not r.value_is_json:
+        return TestOutcome("wrong", f"result not JSON: {r.value}")
+    want = json.loads(json.dumps(test["expected"]))  # tuples -> lists, as the result went through JSON
+    if r.value == want:
         return TestOutcome("passed")
-    return TestOutcome("wrong", f"expected {_short(test['output'].strip())}, got {_short(r.stdout.strip())}")
-
-
-# Runs in the sandbox: read a nonce and the calls from stdin, exec the program as module `solution` (so that its
-# `if __name__ == "__main__":` block, which would read stdin, stays out), then one result line per call, written
-# at once (a later crash keeps earlier results) to a private copy of stdout; the program's own stdout goes to
-# /dev/null so that its prints cannot be mistaken for results. The timeout is a BaseException so that a
-# program's `except Exception` cannot swallow it.
-_HARNESS = r"""
-import json, os, signal, sys
-_nonce = sys.stdin.readline().strip()
-_spec = json.loads(sys.stdin.readline())
-_out = os.dup(1)
-os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-class _Timeout(BaseException): pass
-def _alarm(signum, frame): raise _Timeout()
-signal.signal(signal.SIGALRM, _alarm)
-def _report(i, status, value=None, error=""):
-    rec = {"i": i, "status": status, "value": value, "error": error[-300:]}
-    try:
-        line = json.dumps(rec)
-    except (TypeError, ValueError):
-        line = json.dumps(dict(rec, status="unserializable", value=None, error=repr(value)[:300]))
-    os.write(_out, (_nonce + " " + line + "\n").encode())
-def _guarded(fn, *args):
-    signal.setitimer(signal.ITIMER_REAL, _spec["timeout_s"])
-    try:
-        return fn(*args)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-_g = {"__name__": "solution", "__builtins__": __builtins__}
-try:
-    _guarded(exec, compile(_spec["program"], "solution.py", "exec"), _g)
-except _Timeout:
-    _report(-1, "timeout", error="module top level")
-    os._exit(0)
-except BaseException as e:
-    _report(-1, "crashed", error="module top level: " + type(e).__name__ + ": " + str(e))
-    os._exit(0)
-for _i, _t in enumerate(_spec["tests"]):
-    try:
-        _f = _g.get(_t["fn_name"])
-        if _f is None and isinstance(_g.get("Solution"), type):
-            _f = getattr(_g["Solution"](), _t["fn_name"])
-        if _f is None:
-            raise NameError("no function " + _t["fn_name"])
-        _report(_i, "ok", _guarded(_f, *_t["args"]))
-    except _Timeout:
-        _report(_i, "timeout")
-    except BaseException as e:
-        _report(_i, "crashed", error=type(e).__name__ + ": " + str(e))
-os._exit(0)
-"""
-
-
-def _run_calls(program: str, tests: list[dict], opts: CodeRewardOptions) -> list[TestOutcome]:
-    nonce = secrets.token_hex(16)
-    spec = {"timeout_s": opts.timeout_s, "program": program,
-            "tests": [{"fn_name": t["fn_name"], "args": t["args"]} for t in tests]}
-    # The program's top level gets one per-test budget too; +1 s for the interpreter and harness start.
-    budget = opts.timeout_s * (len(tests) + 1) + 1.0
-    r = run_python(_HARNESS, stdin=f"{nonce}\n{json.dumps(spec)}\n", timeout_s=budget, memory_mb=opts.memory_mb,
-                   hide_paths=tuple(opts.hide_paths), unsafe_no_sandbox=opts.unsafe_no_sandbox)
-    results = {}
-    for line in r.stdout.splitlines():
-        if line.startswith(nonce + " "):
-            rec = json.loads(line[len(nonce) + 1:])
-            results[rec["i"]] = rec
-    if -1 in results:  # the module itself failed: every test shares that fate
-        rec = results[-1]
-        return [TestOutcome("timeout" if rec["status"] == "timeout" else "crashed", rec["error"])] * len(tests)
-    outcomes = []
-    for i, t in enumerate(tests):
-        rec = results.get(i)
-        if rec is None:  # the run ended before this test reported: killed, or the process died
-            outcomes.append(TestOutcome("timeout", "run timed out") if r.timed_out
-                            else TestOutcome("crashed", _crash_detail(r)))
-        elif rec["status"] == "ok":
-            want = json.loads(json.dumps(t["expected"]))  # tuples → lists, as the result went through JSON
-            outcomes.append(TestOutcome("passed") if rec["value"] == want
-                            else TestOutcome("wrong", f"expected {_short(want)}, got {_short(rec['value'])}"))
-        elif rec["status"] == "timeout":
-            outcomes.append(TestOutcome("timeout", f"call ran past {opts.timeout_s:g} s"))
-        elif rec["status"] == "unserializable":
-            outcomes.append(TestOutcome("wrong", f"result not JSON: {rec['error']}"))
-        else:
-            outcomes.append(TestOutcome("crashed", rec["error"]))
-    return outcomes
+    return TestOutcome("wrong", f"expected {_short(want)}, got {_short(r.value)}")
 
 
 def _crash_detail(r: SandboxResult) -> str:

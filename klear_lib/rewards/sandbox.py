@@ -4,64 +4,78 @@ Reference §5: run the tests "in a sandbox with no network, a private filesystem
 files, memory and time". Klear used Firejail inside a Pebble process pool; this module uses bubblewrap
 (Debian package `bubblewrap`, >= 0.8), which needs no daemon and no setuid helper.
 
-What the program sees (see `_bwrap_argv`):
+One sandbox per sample. `run_python_tests(program, tests)` starts one sandbox whose pid 1 is a warm interpreter
+(`sandbox_zygote`): it compiles the program once and forks a fresh process per test, with the test's own stdin,
+output capture, per-test timeout and rlimits, so a test that hangs, crashes, floods its output or leaves daemons
+behind costs only itself. `run_python(code, stdin=...)` is the one-test case.
 
-    /                       the host's root, read-only
-    /root /home /run /tmp   empty tmpfs masks: home directories hold secrets, /run holds sockets (a unix socket
-    /var/tmp $HOME          stays connectable on a read-only mount); the interpreter's install is re-bound
-    + `hide_paths`          read-only where a mask hid it (pyenv lives in /root)
-    /tmp                    private, size-limited tmpfs; the working directory; holds main.py
-    /dev                    minimal devices, read-only; /dev/shm a size-limited tmpfs (multiprocessing needs it)
-    /proc                   a new procfs showing only the sandbox's own PID namespace
-    network                 a new, empty network namespace (its loopback is not the host's)
+What the program sees, default deny (see `_bwrap_argv` and `sandbox_root`):
 
-Limits, set by `_WRAPPER` inside the sandbox before the program runs: CPU seconds, address space, processes
-(RLIMIT_NPROC), file size, open files, no core dumps. The wall-clock `timeout_s` is enforced from outside by
-killing the sandbox's PID-namespace init, which takes every descendant with it (double-forked, setsid'd daemons
-included); the program's own exit ends the namespace the same way. When `run_python` returns, nothing of the
-run is left (see `_Killer`).
+    /                  an empty, read-only tmpfs holding only the interpreter binary, the directories of the
+                       libraries and stdlib it loads (read-only, site-packages hidden) and the loader's symlinks:
+                       no /home, /root, /etc, /run (no host sockets), repository or data
+    /tmp               private, size-limited tmpfs; the working directory; holds main.py (read-only)
+    /dev               minimal devices, read-only; /dev/shm a size-limited tmpfs (multiprocessing needs it)
+    /proc              a new procfs showing only the sandbox's own PID namespace
+    network            a new, empty network namespace (its loopback is not the host's)
+    syscalls           a seccomp filter (`seccomp`): no namespaces, ptrace, mount, keyring, bpf, perf, modules,
+                       io_uring, vsock, ...: EPERM, in root and non-root mode alike
+
+Limits, set in each test's process before the program runs: CPU seconds, address space, processes
+(RLIMIT_NPROC), file size, open files, no core dumps; the per-test wall-clock timeout is enforced by the
+zygote. The whole sandbox has a backstop deadline on the host, at which its pid 1 is killed, which takes every
+process in the namespace with it (double-forked, setsid'd daemons included).
+
+Reaping. bwrap runs with `--as-pid-1`: our zygote is the namespace's init and bwrap waits for it directly.
+Without it, bwrap's own init reports the program's exit through an eventfd and bwrap exits at once, without
+waiting for that init, which is then left a zombie under whatever process adopts it (one `[bwrap] <defunct>` per
+call where pid 1 does not reap). Now, when `run_python_tests` returns, bwrap has been waited for, and bwrap has
+waited for the zygote, which as init exits only once every process in the namespace is gone.
 
 Privileges. RLIMIT_NPROC is ignored for uid 0 (and for any uid that maps to host root), so a fork bomb run as
-root is unbounded. As root, bwrap therefore runs without a user namespace and `_WRAPPER` drops to a random
-unprivileged uid/gid from a high range, after which the NPROC count is this sandbox's alone and root-only files
-(/etc/shadow) are unreadable. As non-root, bwrap creates a user namespace (`--unshare-user`) and the program
-keeps the caller's uid; the kernel counts NPROC per user namespace level (ucounts, Linux >= 5.14).
+root is unbounded. As root, bwrap therefore runs without a user namespace, keeps only CAP_SETUID, CAP_SETGID
+and CAP_KILL for the zygote, and each test drops to a random unprivileged uid/gid from a high range (which clears
+every capability), after which the NPROC count is this sandbox's alone and root-owned files are unreadable. As
+non-root, bwrap creates a user namespace (`--unshare-user`, no nested ones) and the tests keep the caller's uid;
+the kernel counts NPROC per user namespace level (ucounts, Linux >= 5.14), the zygote included.
 
-Output: stdout and stderr are read incrementally and capped (`max_output_bytes` each); a program that exceeds
-a cap is killed (`output_limit_exceeded`), so a 1 GB print costs neither memory nor a drain of 1 GB.
+Output: each test's stdout and stderr are read incrementally and capped (`max_output_bytes` each); a test that
+exceeds a cap is killed (`output_limit_exceeded`), so a 1 GB print costs neither memory nor a drain of 1 GB.
 
-Without bwrap, `run_python` raises `SandboxUnavailableError` saying how to install it. Running unsandboxed
-needs `unsafe_no_sandbox=True` or `KLEAR_UNSAFE_NO_SANDBOX=1`, and warns on every call.
+Needs Linux >= 5.3 (pidfds). Without bwrap, the functions raise `SandboxUnavailableError` saying how to install
+it. Running unsandboxed needs `unsafe_no_sandbox=True` or `KLEAR_UNSAFE_NO_SANDBOX=1`, and warns on every call.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import marshal
 import os
 import random
 import re
-import select
-import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from klear_lib.rewards import sandbox_zygote, seccomp
+from klear_lib.rewards.sandbox_exec import SANDBOX_ENV, Killer, Raw, execute
+from klear_lib.rewards.sandbox_root import interpreter_files, is_under, root_argv
 
 UNSAFE_ENV_VAR = "KLEAR_UNSAFE_NO_SANDBOX"
 MIN_BWRAP_VERSION = (0, 8, 0)  # --disable-userns (0.8), --size (0.7), --json-status-fd and --perms on tmpfs
-
-# Masked with empty tmpfs on top of the read-only root (the caller's $HOME is added at run time).
-MASKED_DIRS = ("/root", "/home", "/run", "/tmp", "/var/tmp")
-# As root the program runs as a random uid/gid in this range: never a real account, and (almost surely) distinct
-# from every concurrent sandbox, so each sandbox has its own RLIMIT_NPROC budget.
+# As root each test runs as one random uid/gid of this range per sandbox: never a real account, and (almost
+# surely) distinct from every concurrent sandbox, so each sandbox has its own RLIMIT_NPROC budget.
 SANDBOX_UID_RANGE = (1_900_000_000, 2_000_000_000)
-# The only environment the program gets: nothing of the caller's (API keys, tokens) leaks in.
-SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 PROGRAM_PATH = "/tmp/main.py"
+STARTUP_BUDGET_S = 10.0  # host backstop: starting the sandbox and the zygote (tens of ms on an idle machine)
+PER_TEST_SLACK_S = 2.0  # host backstop per test beyond its timeout: kill, sweep, drain, frame
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -78,9 +92,21 @@ _unsafe_runs = 0
 
 
 @dataclass(frozen=True)
+class FunctionCall:
+    """A function-call test: run the program as module `solution` (its `if __name__ == "__main__":` block stays
+    out), then call `name(*args)`, a top-level function or else a method of a top-level `class Solution`.
+    The return value comes back in `SandboxResult.value`, through JSON."""
+
+    name: str
+    args: Sequence = ()
+
+
+@dataclass(frozen=True)
 class SandboxResult:
-    """What one run did. `returncode` is the program's exit status (bwrap reports death by signal N as 128 + N;
-    a run killed on timeout or output overflow reads -9); `killed_by_signal` is that N, best effort."""
+    """What one test did. `returncode` is the exit status; death by signal N reads 128 + N, with N in
+    `killed_by_signal` (a test killed on timeout or output overflow reads 137 and 9). `duration_s`: from the
+    test's fork to its exit. For a `FunctionCall`, `returned` says whether the call returned; `value` is its
+    return value after a JSON round trip, or its repr (at most 300 characters) where `value_is_json` is False."""
 
     returncode: int
     stdout: str
@@ -92,6 +118,9 @@ class SandboxResult:
     stderr_truncated: bool = False
     output_limit_exceeded: bool = False
     sandboxed: bool = True
+    returned: bool = False
+    value: object = None
+    value_is_json: bool = True
 
     @property
     def ok(self) -> bool:
@@ -99,37 +128,16 @@ class SandboxResult:
         return self.returncode == 0 and not self.timed_out and not self.output_limit_exceeded
 
 
-# Runs inside the sandbox as `python -I -S -c _WRAPPER uid cpu_s as_bytes nproc fsize nofile path`: set the limits,
-# drop root, then run the program in this same interpreter as __main__ (a second exec would cost a whole
-# interpreter start per test). Limits are hard (soft = hard) so that the program cannot raise them back. Cheap on
-# purpose, it is paid on every test: `posix` is built in where `os` costs ~1 ms to import, and exec() of the source
-# skips the ~1 ms the first compile() call spends building the ast module's types; the price is that tracebacks
-# name the program "<string>" (line numbers are right).
-_WRAPPER = r"""
-import posix, resource as R, sys
-_a = [int(x) for x in sys.argv[1:7]]
-for _k, _v in zip((R.RLIMIT_CPU, R.RLIMIT_AS, R.RLIMIT_NPROC, R.RLIMIT_FSIZE, R.RLIMIT_NOFILE, R.RLIMIT_CORE),
-                  _a[1:] + [0]):
-    R.setrlimit(_k, (_v, _v))
-if _a[0] >= 0 and posix.getuid() == 0:
-    posix.setgroups([]); posix.setresgid(_a[0], _a[0], _a[0]); posix.setresuid(_a[0], _a[0], _a[0])
-_p = sys.argv[7]
-sys.argv = [_p]
-_m = type(sys)("__main__")
-_m.__file__ = _p
-_m.__builtins__ = __builtins__
-sys.modules["__main__"] = _m
-with open(_p, "rb") as _f:
-    _s = _f.read()
-del posix, R, _a, _k, _v, _p, _f
-exec(_s, _m.__dict__)
-"""
+def run_python(code: str, *, stdin: str = "", timeout_s: float = 10.0, **options) -> SandboxResult:
+    """Run `code` as a Python program (stdlib only: `-I -S`) with `stdin`, sandboxed, within `timeout_s` wall
+    seconds: `run_python_tests` with one test. `options` are those of `run_python_tests`."""
+    return run_python_tests(code, [stdin], timeout_s=timeout_s, **options)[0]
 
 
-def run_python(
-    code: str,
+def run_python_tests(
+    program: str,
+    tests: Sequence[str | FunctionCall],
     *,
-    stdin: str = "",
     timeout_s: float = 10.0,
     memory_mb: int = 1024,
     max_processes: int = 16,
@@ -140,20 +148,27 @@ def run_python(
     python: str | None = None,
     hide_paths: tuple[str, ...] = (),
     unsafe_no_sandbox: bool = False,
-) -> SandboxResult:
-    """Run `code` as a Python program (stdlib only: `-I -S`) with `stdin`, sandboxed, within `timeout_s` wall seconds.
+) -> list[SandboxResult]:
+    """Run `program` once per test in one sandbox, each test in a fresh process; one result per test, in order.
 
-    memory_mb: address-space limit (RLIMIT_AS) of each process. max_processes: RLIMIT_NPROC (threads count too;
-    so does the sandbox's own init when not root). max_file_mb: largest file the program may write (RLIMIT_FSIZE).
-    tmpfs_mb: size of each of the two writable tmpfs (/tmp and /dev/shm). python: the interpreter, default the
-    real binary behind `sys.executable` (a venv's site-packages are not used). hide_paths: more host directories
-    to mask, e.g. where datasets with the hidden tests live (the rest of the host stays readable: a program that
-    can read its own tests can print their answers). Raises `SandboxUnavailableError`
-    if bwrap is missing or cannot run here, unless `unsafe_no_sandbox` (or $KLEAR_UNSAFE_NO_SANDBOX=1).
+    A test is a stdin string (the program runs as __main__ with it) or a `FunctionCall`. timeout_s: wall-clock
+    limit of each test. memory_mb: address-space limit (RLIMIT_AS) of each process. max_processes: RLIMIT_NPROC
+    (threads count too). max_file_mb: largest file the program may write (RLIMIT_FSIZE). tmpfs_mb: size of each
+    of the two writable tmpfs (/tmp and /dev/shm), emptied between tests. max_output_bytes: cap on each test's
+    stdout and on its stderr. python: the interpreter, default the real binary behind `sys.executable` (a venv's
+    site-packages are not used). hide_paths: host directories to hide should they lie inside what the sandbox
+    shows (the interpreter's directories); nothing else of the host is visible anyway. Raises
+    `SandboxUnavailableError` if bwrap is missing or cannot run here, unless `unsafe_no_sandbox` (or
+    $KLEAR_UNSAFE_NO_SANDBOX=1).
     """
+    specs = [_test_spec(t) for t in tests]
+    if not specs:
+        return []
     python = os.path.realpath(python or sys.executable)
-    cpu_s = int(timeout_s) + 1  # a backstop only: the wall-clock kill below is the real limit
-    limits = [cpu_s, memory_mb << 20, max_processes, max_file_mb << 20, max_open_files]
+    cpu_s = int(timeout_s) + 1  # a backstop only: the wall-clock kill is the real limit
+    job = {"program": program, "tests": specs, "timeout_s": timeout_s, "cap": max_output_bytes,
+           "limits": [cpu_s, memory_mb << 20, max_processes, max_file_mb << 20, max_open_files], "preimport": True}
+    budget = STARTUP_BUDGET_S + len(specs) * (timeout_s + PER_TEST_SLACK_S)
     unsafe = unsafe_no_sandbox or os.environ.get(UNSAFE_ENV_VAR, "") not in ("", "0")
     if unsafe:
         global _unsafe_runs
@@ -161,33 +176,83 @@ def run_python(
         why = "unsafe_no_sandbox=True" if unsafe_no_sandbox else f"{UNSAFE_ENV_VAR}=1"
         warnings.warn(f"running untrusted code WITHOUT a sandbox ({why}; unsandboxed run #{_unsafe_runs})",
                       UnsafeSandboxWarning, stacklevel=2)
-        return _run_unsandboxed(code, stdin, timeout_s, python, limits, max_output_bytes)
+        return _run_unsandboxed(job, python, budget)
 
     bwrap = _bwrap_path()
-    uid = random.SystemRandom().randrange(*SANDBOX_UID_RANGE) if os.geteuid() == 0 else -1
-    code_fd = os.memfd_create("klear-main-py", 0)  # bwrap copies it into the sandbox's /tmp (--file)
-    status_r, status_w = os.pipe()  # bwrap's --json-status-fd: the init's pid, and whether the sandbox started
+    root = os.geteuid() == 0
+    job.update(sandboxed=True, path=PROGRAM_PATH, clean=["/tmp", "/dev/shm"],
+               uid=random.SystemRandom().randrange(*SANDBOX_UID_RANGE) if root else -1)
+    job_fd = _memfd("klear-job", _zygote_input(python, job))  # the zygote's stdin
+    code_fd = _memfd("klear-main-py", program.encode())  # bwrap copies it to /tmp/main.py (--file)
+    filter_fd = _memfd("klear-seccomp", _seccomp_filter())  # bwrap reads it (--seccomp)
+    status_r, status_w = os.pipe()  # bwrap's --json-status-fd: the zygote's pid, and whether the sandbox started
     try:
-        os.write(code_fd, code.encode())
-        os.lseek(code_fd, 0, os.SEEK_SET)
-        argv = _bwrap_argv(bwrap, python, code_fd, status_w, tmpfs_mb << 20, hide_paths)
-        argv += [python, "-I", "-S", "-c", _WRAPPER, str(uid), *map(str, limits), PROGRAM_PATH]
-        killer = _Killer(status_r)
-        result = _execute(argv, stdin, timeout_s, max_output_bytes, killer, pass_fds=(code_fd, status_w))
+        argv = _bwrap_argv(bwrap, python, code_fd, filter_fd, status_w, tmpfs_mb << 20, hide_paths)
+        argv += [python, "-I", "-S", "-c", sandbox_zygote.BOOTSTRAP]
+        killer = Killer(status_r)
+        raw = execute(argv, job_fd, budget, _stream_cap(job), killer, pass_fds=(code_fd, filter_fd, status_w))
         started = killer.init_pid is not None
     finally:
-        for fd in (code_fd, status_r, status_w):
+        for fd in (job_fd, code_fd, filter_fd, status_r, status_w):
             os.close(fd)
-    if not started and not result.timed_out:
+    frames = sandbox_zygote.decode_frames(raw.stdout)
+    if not frames and not raw.timed_out:
+        stderr = raw.stderr.decode(errors="replace").strip()
+        if not started:
+            raise SandboxUnavailableError(
+                "bubblewrap could not start the sandbox. If the error below is about namespaces, this machine does "
+                "not allow them (nested container, or kernel.apparmor_restrict_unprivileged_userns=1 on Ubuntu >= "
+                "23.10, or user.max_user_namespaces=0): run as root, or allow unprivileged user namespaces, or give "
+                f"the container CAP_SYS_ADMIN. bwrap said:\n{stderr}")
         raise SandboxUnavailableError(
-            "bubblewrap could not start the sandbox. If the error below is about namespaces, this machine does not "
-            "allow them (nested container, or kernel.apparmor_restrict_unprivileged_userns=1 on Ubuntu >= 23.10, or "
-            "user.max_user_namespaces=0): run as root, or allow unprivileged user namespaces, or give the container "
-            f"CAP_SYS_ADMIN. bwrap said:\n{result.stderr.strip()}")
-    signum = -result.returncode if result.returncode < 0 else None
-    if signum is None and 128 < result.returncode < 128 + 65:  # bwrap's convention for a child killed by a signal
-        signum = result.returncode - 128
-    return replace(result, killed_by_signal=signum)
+            f"the sandbox started but its interpreter {python} reported no test (exit status {raw.returncode}); "
+            f"it said:\n{stderr[-2000:]}")
+    return _results(frames, len(specs), raw, sandboxed=True)
+
+
+def sandbox_status() -> dict:
+    """A one-call health check for notebooks and CI: can programs be sandboxed here, and how."""
+    t0 = time.monotonic()
+    try:
+        r = run_python("import os; print(os.getuid())", timeout_s=10)
+    except SandboxUnavailableError as e:
+        return {"available": False, "error": str(e)}
+    return {"available": r.ok, "bwrap": _bwrap_path(), "uid_inside": r.stdout.strip(), "as_root": os.geteuid() == 0,
+            "call_s": round(time.monotonic() - t0, 4)}
+
+
+def _test_spec(test) -> dict:
+    if isinstance(test, str):
+        return {"stdin": test}
+    if isinstance(test, FunctionCall):
+        return {"call": test.name, "args": list(test.args)}
+    raise TypeError(f"a test is a stdin string or a FunctionCall, got {type(test).__name__}: {str(test)[:100]!r}")
+
+
+def _zygote_input(python: str, job: dict) -> bytes:
+    """The zygote's stdin: a marshal of (its code, the job). The code is compiled here when `python` is this
+    very interpreter (saves the sandbox ~6 ms of compiling per sample), else sent as source."""
+    same = python == os.path.realpath(sys.executable)
+    return marshal.dumps((_zygote_code() if same else _zygote_source(), job))
+
+
+@functools.lru_cache(maxsize=1)
+def _zygote_source() -> str:
+    return Path(sandbox_zygote.__file__).read_text()
+
+
+@functools.lru_cache(maxsize=1)
+def _zygote_code():
+    return compile(_zygote_source(), sandbox_zygote.FILENAME, "exec", dont_inherit=True)  # no __future__ of ours
+
+
+@functools.lru_cache(maxsize=1)
+def _seccomp_filter() -> bytes:
+    try:
+        return seccomp.build_filter()
+    except seccomp.UnsupportedMachineError as e:
+        raise SandboxUnavailableError(f"{e}: the sandbox cannot filter syscalls here. To run unsandboxed anyway "
+                                      f"(dangerous), pass unsafe_no_sandbox=True or set {UNSAFE_ENV_VAR}=1.") from e
 
 
 @functools.lru_cache(maxsize=1)
@@ -209,253 +274,101 @@ def _bwrap_path() -> str:
     return path
 
 
-def _bwrap_argv(bwrap: str, python: str, code_fd: int, status_fd: int, tmpfs_bytes: int,
+def _bwrap_argv(bwrap: str, python: str, code_fd: int, filter_fd: int, status_fd: int, tmpfs_bytes: int,
                 hide_paths: tuple[str, ...] = ()) -> list[str]:
     """The bwrap command line up to `--`; each group says why it is there."""
-    root = os.geteuid() == 0
     argv = [bwrap]
-    # Namespaces: own PIDs (a kill of init reaps everything), no network, own IPC/UTS/cgroup view. As non-root a
-    # user namespace (and no nested ones). As root none, so that _WRAPPER can drop to a real unprivileged uid.
+    # Namespaces: own PIDs (killing pid 1 ends everything), no network, own IPC/UTS/cgroup view. As non-root a
+    # user namespace (and no nested ones). As root none, so that each test can drop to a real unprivileged uid.
     argv += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-    if root:
-        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]  # only what the drop needs
+    if os.geteuid() == 0:  # the zygote drops each test's uid and kills what the test leaves: nothing more
+        argv += ["--cap-drop", "ALL"] + [a for c in ("SETUID", "SETGID", "KILL") for a in ("--cap-add", f"CAP_{c}")]
     else:
         argv += ["--unshare-user", "--disable-userns"]
-    # Lifetime: die if the caller dies; setsid so the program cannot push input into our terminal (TIOCSTI).
-    argv += ["--die-with-parent", "--new-session", "--json-status-fd", str(status_fd)]
-    # Filesystem: host read-only, secrets and sockets masked, the interpreter re-exposed if a mask hid it.
-    argv += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    # Lifetime: the zygote is pid 1 and bwrap waits for it (no zombie, see the module docstring); it dies if
+    # bwrap dies; setsid so the program cannot push input into our terminal (TIOCSTI).
+    argv += ["--as-pid-1", "--die-with-parent", "--new-session", "--json-status-fd", str(status_fd)]
+    argv += ["--seccomp", str(filter_fd)]
+    # Filesystem: the minimal root, then /proc, /dev and the two size-limited tmpfs, then the root read-only.
+    argv += list(root_argv(python))
+    argv += _hide_argv(python, hide_paths)
+    argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
-    masks = _masked_dirs(hide_paths)
-    for d in masks:
-        if d == "/tmp":
-            argv += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", d]
-        else:
-            argv += ["--tmpfs", d]
-    for keep in _python_roots(python):
-        argv += _rebind_under_masks(keep, masks)
-    argv += ["--perms", "0444", "--file", str(code_fd), PROGRAM_PATH, "--chdir", "/tmp"]
+    argv += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp"]
+    argv += ["--perms", "0444", "--file", str(code_fd), PROGRAM_PATH, "--remount-ro", "/", "--chdir", "/tmp"]
     argv += ["--clearenv", *[a for k, v in SANDBOX_ENV.items() for a in ("--setenv", k, v)], "--"]
     return argv
 
 
-def _masked_dirs(extra: tuple[str, ...] = ()) -> list[str]:
-    """MASKED_DIRS, the caller's $HOME and `extra`, as real paths, minus any inside another (bwrap mounts in order)."""
-    dirs: list[str] = []
-    home = os.path.expanduser("~")
-    for d in sorted({os.path.realpath(p) for p in (*MASKED_DIRS, home, *extra) if os.path.isdir(p)}):
-        if d != "/" and not any(_is_under(d, m) for m in dirs):
-            dirs.append(d)
-    return dirs
+def _hide_argv(python: str, hide_paths: tuple[str, ...]) -> list[str]:
+    """An empty read-only tmpfs over each `hide_paths` directory that lies inside what the root shows."""
+    shown = interpreter_files(python).directories
+    argv: list[str] = []
+    for p in sorted({os.path.realpath(p) for p in hide_paths}):
+        if os.path.isdir(p) and any(is_under(p, d) for d in shown):
+            argv += ["--perms", "0555", "--size", "4096", "--tmpfs", p, "--remount-ro", p]
+    return argv
 
 
-@functools.lru_cache(maxsize=8)
-def _python_roots(python: str) -> tuple[str, ...]:
-    """Directories the interpreter needs: its install prefix (stdlib, libpython) and its binary's directory."""
-    out = subprocess.run([python, "-I", "-S", "-c", "import sys; print(sys.base_prefix); print(sys.base_exec_prefix)"],
-                         capture_output=True, text=True, check=True).stdout.split()
-    roots: list[str] = []
-    for p in sorted({os.path.realpath(p) for p in out} | {os.path.dirname(python)}):
-        if not any(_is_under(p, r) for r in roots):  # sorted: a parent comes before its children
-            roots.append(p)
-    return tuple(roots)
-
-
-def _rebind_under_masks(path: str, masks: list[str]) -> list[str]:
-    """`--ro-bind path path` if a mask covers it, creating the parents world-traversable (bwrap makes them 0700)."""
-    mask = next((m for m in masks if _is_under(path, m) and path != m), None)
-    if mask is None:
-        return []
-    parts, argv, cur = os.path.relpath(path, mask).split(os.sep), [], mask
-    for p in parts[:-1]:
-        cur = os.path.join(cur, p)
-        argv += ["--perms", "0755", "--dir", cur]
-    return argv + ["--ro-bind", path, path]
-
-
-def _is_under(path: str, d: str) -> bool:
-    return path == d or path.startswith(d.rstrip("/") + "/")
-
-
-def _run_unsandboxed(code, stdin, timeout_s, python, limits, max_output_bytes) -> SandboxResult:
-    """The explicit opt-out: limits still apply, but no namespaces, no uid drop, and a setsid daemon escapes."""
-    with tempfile.TemporaryDirectory(prefix="klear-unsafe-") as cwd:
-        path = os.path.join(cwd, "main.py")
-        with open(path, "w") as f:
-            f.write(code)
-        argv = [python, "-I", "-S", "-c", _WRAPPER, "-1", *map(str, limits), path]
-        result = _execute(argv, stdin, timeout_s, max_output_bytes, _Killer(None), cwd=cwd)
-    signum = -result.returncode if result.returncode < 0 else None
-    return replace(result, killed_by_signal=signum, sandboxed=False)
-
-
-class _Killer:
-    """Ends a run so that, when `run_python` returns, no process of it is left.
-
-    Killing bwrap itself is not enough: it dies at once while its PID namespace is still being torn down, so for
-    a moment the program's processes live on. Killing the namespace's init instead makes the kernel kill every
-    process inside, and bwrap exits only once they are all gone: waiting for bwrap is then waiting for the whole
-    tree. The init is signalled through a pidfd checked to be bwrap's child, so a recycled pid is never hit.
-    Without a sandbox (or if the init cannot be reached) the process group is killed, which a setsid() escapes.
-    """
-
-    def __init__(self, status_fd: int | None):
-        self.status_fd, self.status, self.pidfd = status_fd, b"", None
-        if status_fd is not None:
-            os.set_blocking(status_fd, False)
-
-    @property
-    def init_pid(self) -> int | None:
-        """The init's host pid from bwrap's --json-status-fd (None: the sandbox never started)."""
-        if self.status_fd is not None:
-            try:
-                while chunk := os.read(self.status_fd, 4096):
-                    self.status += chunk
-            except BlockingIOError:
-                pass
-        m = re.search(rb'"child-pid": *(\d+)', self.status)
-        return int(m.group(1)) if m else None
-
-    def kill(self, proc: subprocess.Popen) -> None:
-        pid = self.init_pid
-        fd = _pidfd_of_child(pid, proc.pid) if pid is not None else None
-        if fd is not None:
-            try:
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-                self.pidfd = fd
-                return
-            except ProcessLookupError:
-                os.close(fd)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def reap(self, proc: subprocess.Popen) -> None:
-        """Wait for bwrap (it outlives its init, which outlives everything else), then release the pidfd."""
-        if not _wait_exit(proc, 10):  # bwrap stuck after its init died: never seen, but never hang on it
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        if self.pidfd is not None:
-            select.select([self.pidfd], [], [], 10)  # readable once the init has exited: at once
-            os.close(self.pidfd)
-        elif self.status_fd is None:
-            try:  # unsandboxed: children that stayed in the group (a setsid escapes this)
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-def _pidfd_of_child(pid: int, parent: int) -> int | None:
-    """A pidfd on `pid` if it is (still) a child of `parent`, else None. `parent` is our unreaped child, so its pid
-    cannot have been recycled; a `pid` whose parent it is must be the process we mean."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (OSError, AttributeError):  # gone, or Linux < 5.3
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            ppid = int(f.read().rsplit(b")", 1)[1].split()[1])  # after "(comm)": state, then ppid
-    except (OSError, ValueError, IndexError):
-        ppid = None
-    if ppid != parent:
-        os.close(fd)
-        return None
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, 0)  # not close-on-exec: handed to bwrap through pass_fds or as stdin
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
 
-def _execute(argv, stdin, timeout_s, cap, killer: _Killer, *, pass_fds=(), cwd=None) -> SandboxResult:
-    """Start `argv` in its own session, feed stdin, collect capped output, and kill it at the deadline."""
-    start = time.monotonic()
-    deadline = start + timeout_s
-    # The minimal env also for bwrap itself: its environment is readable in the sandbox as /proc/1/environ.
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            pass_fds=pass_fds, start_new_session=True, cwd=cwd, env=dict(SANDBOX_ENV))
-    out, err = bytearray(), bytearray()
-    timed_out = overflow = False
-    try:
-        timed_out, overflow = _pump(proc, stdin.encode(), out, err, deadline, cap)
-        if not (timed_out or overflow):
-            timed_out = not _wait_exit(proc, deadline - time.monotonic())
-    finally:
-        if proc.poll() is None:
-            killer.kill(proc)
-        killer.reap(proc)
-        for f in (proc.stdin, proc.stdout, proc.stderr):
-            f.close()
-    return SandboxResult(
-        returncode=proc.returncode,
-        stdout=out[:cap].decode(errors="replace"), stderr=err[:cap].decode(errors="replace"),
-        timed_out=timed_out, duration_s=time.monotonic() - start,
-        stdout_truncated=len(out) > cap, stderr_truncated=len(err) > cap, output_limit_exceeded=overflow)
+def _stream_cap(job: dict) -> int:
+    """Most bytes the zygote can legitimately send: three capped payloads and a header per test."""
+    return len(job["tests"]) * (3 * job["cap"] + 4096)
 
 
-def _wait_exit(proc: subprocess.Popen, timeout: float) -> bool:
-    """Wait up to `timeout` s for `proc` to exit; True if it did. A pidfd wakes us at the exit, where Popen.wait's
-    sleep-polling would add up to milliseconds to every test."""
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except (OSError, AttributeError):  # already reaped, or Linux < 5.3
+def _run_unsandboxed(job: dict, python: str, budget: float) -> list[SandboxResult]:
+    """The explicit opt-out: the same per-test processes and limits, but no namespaces, no seccomp, no uid drop,
+    and a daemon that calls setsid() escapes the kill."""
+    with tempfile.TemporaryDirectory(prefix="klear-unsafe-") as cwd:
+        path = os.path.join(cwd, "main.py")
+        Path(path).write_text(job["program"])
+        job = dict(job, sandboxed=False, path=path, clean=[], uid=-1)
+        job_fd = _memfd("klear-job", _zygote_input(python, job))
         try:
-            proc.wait(timeout=max(0.0, timeout))
-            return True
-        except subprocess.TimeoutExpired:
-            return False
-    try:
-        select.select([fd], [], [], max(0.0, timeout))
-    finally:
-        os.close(fd)
-    return proc.poll() is not None
+            argv = [python, "-I", "-S", "-c", sandbox_zygote.BOOTSTRAP]
+            raw = execute(argv, job_fd, budget, _stream_cap(job), Killer(None), cwd=cwd)
+        finally:
+            os.close(job_fd)
+    frames = sandbox_zygote.decode_frames(raw.stdout)
+    if not frames and not raw.timed_out:
+        raise RuntimeError(f"the unsandboxed interpreter {python} reported no test (exit status {raw.returncode}): "
+                           f"{raw.stderr.decode(errors='replace')[-2000:]}")
+    return _results(frames, len(job["tests"]), raw, sandboxed=False)
 
 
-def _pump(proc, data: bytes, out: bytearray, err: bytearray, deadline: float, cap: int) -> tuple[bool, bool]:
-    """Write stdin and read stdout/stderr until both close: (timed_out, output overflow); the caller kills."""
-    sel = selectors.DefaultSelector()
-    fds = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
-    for fd in fds:
-        sel.register(fd, selectors.EVENT_READ)
-    win = proc.stdin.fileno()
-    os.set_blocking(win, False)
-    if data:
-        sel.register(win, selectors.EVENT_WRITE)
-    else:
-        proc.stdin.close()
-    pos = 0
-    try:
-        while sel.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return True, False
-            for key, _ in sel.select(timeout=left):
-                if key.fd == win:
-                    try:
-                        pos += os.write(win, data[pos:pos + 65536])
-                    except BlockingIOError:
-                        continue
-                    except OSError:  # EPIPE: the program exited or closed stdin without reading it all; fine
-                        pos = len(data)
-                    if pos >= len(data):
-                        sel.unregister(win)
-                        proc.stdin.close()
-                    continue
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    sel.unregister(key.fd)
-                    continue
-                buf = fds[key.fd]
-                buf += chunk[: cap + 1 - len(buf)]  # keep one byte past the cap to know it was exceeded
-                if len(buf) > cap:
-                    return False, True
-        return False, False
-    finally:
-        sel.close()
-
-
-def sandbox_status() -> dict:
-    """A one-call health check for notebooks and CI: can programs be sandboxed here, and how."""
-    try:
-        r = run_python("import os; print(os.getuid())", timeout_s=10)
-    except SandboxUnavailableError as e:
-        return {"available": False, "error": str(e)}
-    return {"available": r.ok, "bwrap": _bwrap_path(), "uid_inside": r.stdout.strip(), "as_root": os.geteuid() == 0,
-            "startup_s": round(r.duration_s, 4)}
+def _results(frames: list[dict], n: int, raw: Raw, *, sandboxed: bool) -> list[SandboxResult]:
+    """One SandboxResult per test; a test without a frame (the sandbox ended first) timed out if the host's
+    deadline ended it, else carries the sandbox's exit status and stderr."""
+    by_index = {f["i"]: f for f in frames}
+    results = []
+    for i in range(n):
+        f = by_index.get(i)
+        if f is None:
+            results.append(SandboxResult(
+                returncode=raw.returncode if raw.returncode >= 0 else 128 - raw.returncode, stdout="",
+                stderr="the sandbox ended before this test finished: " + raw.stderr.decode(errors="replace")[-500:],
+                timed_out=raw.timed_out, duration_s=0.0, sandboxed=sandboxed))
+            continue
+        status = f["status"]
+        signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        returned, value, is_json = False, None, True
+        if f["result"].startswith(b"json "):
+            returned, value = True, json.loads(f["result"][5:])
+        elif f["result"].startswith(b"repr "):
+            returned, value, is_json = True, f["result"][5:].decode(errors="replace"), False
+        results.append(SandboxResult(
+            returncode=128 + signum if signum else os.WEXITSTATUS(status),
+            stdout=f["out"].decode(errors="replace"), stderr=f["err"].decode(errors="replace"),
+            timed_out=f["timed_out"], duration_s=f["duration_s"], killed_by_signal=signum,
+            stdout_truncated=f["out_truncated"], stderr_truncated=f["err_truncated"],
+            output_limit_exceeded=f["overflow"], sandboxed=sandboxed, returned=returned, value=value,
+            value_is_json=is_json))
+    return results

@@ -1,0 +1,174 @@
+"""The sandbox's filesystem: a minimal root holding the interpreter and what it loads, read-only, and nothing else.
+
+bwrap starts from an empty tmpfs root; `root_argv` lists what to put in it. Everything comes from asking the
+interpreter itself, once per interpreter and process (`interpreter_files`): it imports every extension module
+of its own standard library and reports what it then has mapped (`/proc/self/maps`: libpython, libc, libssl,
+libffi, locale data, ...), its stdlib directories, and its site-packages. The root then holds:
+
+    the interpreter binary                  read-only, at its host path (its RUNPATH and prefix search need that)
+    each directory a mapped file lives in   read-only (a directory, not the file: glibc dlopens libgcc_s, ...)
+    the stdlib directories                  read-only; site-packages inside them hidden under an empty tmpfs
+    the ELF interpreter (ld-linux) path     with every symlink on the way (/lib64 -> usr/lib64 -> /lib/...)
+    /etc/ld.so.cache                        how the loader finds a library by name
+    parent directories                      created empty, mode 0755, so the dropped uid can walk to the binds
+
+Symlinks on the way to any of these are recreated as symlinks, so a path resolves inside as it does on the host
+(/lib -> usr/lib on merged-/usr systems). Host directories that hold none of it (/home, /root's other contents,
+/etc, /var, /run and its sockets, the repository, datasets) do not exist inside. The caller adds /tmp,
+/dev and /proc (see `sandbox._bwrap_argv`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import struct
+import subprocess
+from dataclasses import dataclass
+
+# Run by the interpreter being sandboxed (stdlib only, no site): load every extension module it ships, then say
+# what is mapped. The JSON is the last line, in case a module prints something while loading.
+_PROBE = r"""
+import json, os, sys, sysconfig
+dynload = [p for p in sys.path if os.path.basename(p) == "lib-dynload"]
+for d in dynload:
+    for name in sorted(os.listdir(d)):
+        if name.endswith(".so"):
+            try:
+                __import__(name.split(".")[0])
+            except BaseException:
+                pass
+files = set()
+with open("/proc/self/maps") as f:
+    for line in f:
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/"):
+            files.add(parts[5].rstrip("\n"))
+paths = sysconfig.get_paths()
+print()
+print(json.dumps({"executable": os.path.realpath(sys.executable), "files": sorted(files),
+                  "stdlib": [paths["stdlib"], paths["platstdlib"]], "site": [paths["purelib"], paths["platlib"]]}))
+"""
+
+LOADER_CACHE = "/etc/ld.so.cache"
+
+
+@dataclass(frozen=True)
+class InterpreterFiles:
+    """What an interpreter needs at run time, as host paths."""
+
+    executable: str
+    elf_interpreter: str | None  # PT_INTERP of the binary, as written there (e.g. /lib64/ld-linux-x86-64.so.2)
+    directories: tuple[str, ...]  # real paths, none inside another
+    files: tuple[str, ...]  # real paths of single files to bind (the binary, the loader cache)
+    hidden: tuple[str, ...]  # site-packages directories inside `directories`, shown empty
+
+
+@functools.lru_cache(maxsize=8)
+def interpreter_files(python: str) -> InterpreterFiles:
+    """Ask `python` (a real path) what it loads; cached per process."""
+    out = subprocess.run([python, "-I", "-S", "-c", _PROBE], capture_output=True, text=True, env={},
+                         timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError(f"could not list what {python} loads (exit status {out.returncode}): "
+                           f"{out.stderr.strip()[-500:]}")
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    executable = info["executable"]
+    dirs = {os.path.realpath(d) for d in info["stdlib"] if os.path.isdir(d)}
+    for f in info["files"]:
+        real = os.path.realpath(f)
+        if real != executable and os.path.isfile(real) and not real.startswith(("/proc/", "/dev/", "/tmp/")):
+            dirs.add(os.path.dirname(real))
+    directories = _outermost(dirs)
+    files = [executable] + ([os.path.realpath(LOADER_CACHE)] if os.path.isfile(LOADER_CACHE) else [])
+    files = [f for f in files if not any(is_under(f, d) for d in directories)]
+    hidden = sorted({os.path.realpath(s) for s in info["site"] if os.path.isdir(s)
+                     and any(is_under(os.path.realpath(s), d) for d in directories)})
+    return InterpreterFiles(executable, elf_interpreter(executable), directories, tuple(files), tuple(hidden))
+
+
+@functools.lru_cache(maxsize=8)
+def root_argv(python: str) -> tuple[str, ...]:
+    """bwrap arguments that build the minimal root for `python` (a real path), cached per process. Order matters
+    to bwrap: parent directories first, then binds, then symlinks, then the hidden site-packages."""
+    info = interpreter_files(python)
+    binds = [*info.directories, *info.files]
+    links: dict[str, str] = {}
+    wanted = [*binds, LOADER_CACHE] + ([info.elf_interpreter] if info.elf_interpreter else [])
+    for path in wanted:
+        real = _resolve(path, links)
+        if real is not None and not any(is_under(real, b) for b in binds):
+            binds.append(real)  # the loader itself, when it lives outside every bound directory
+    links = {link: target for link, target in links.items() if not any(is_under(link, b) for b in binds)}
+    parents = sorted({p for path in [*binds, *links] for p in _ancestors(path)} - {"/"})
+    parents = [p for p in parents if not any(is_under(p, b) for b in binds)]
+    argv: list[str] = []
+    for d in parents:
+        argv += ["--perms", "0755", "--dir", d]
+    for b in sorted(binds):
+        argv += ["--ro-bind", b, b]
+    for link, target in sorted(links.items()):
+        argv += ["--symlink", target, link]
+    for h in info.hidden:
+        argv += ["--perms", "0555", "--size", "4096", "--tmpfs", h, "--remount-ro", h]
+    return tuple(argv)
+
+
+def elf_interpreter(binary: str) -> str | None:
+    """The PT_INTERP path of a 64-bit little-endian ELF binary (None for a static one, or any other format)."""
+    with open(binary, "rb") as f:
+        head = f.read(64)
+        if head[:6] != b"\x7fELF\x02\x01":  # 64-bit, little-endian
+            return None
+        phoff, = struct.unpack_from("<Q", head, 32)
+        phentsize, phnum = struct.unpack_from("<HH", head, 54)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+        for i in range(phnum):
+            p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", table, i * phentsize)
+            if p_type == 3:  # PT_INTERP
+                f.seek(p_offset)
+                return f.read(p_filesz).rstrip(b"\0").decode()
+    return None
+
+
+def _resolve(path: str, links: dict[str, str], depth: int = 0) -> str | None:
+    """The real path of `path`, recording in `links` every symlink met on the way (link path -> target text);
+    None if it does not exist."""
+    if depth > 40:
+        return None
+    parts = [p for p in path.split("/") if p]
+    cur = "/"
+    for i, part in enumerate(parts):
+        nxt = os.path.join(cur, part)
+        if os.path.islink(nxt):
+            target = os.readlink(nxt)
+            links[nxt] = target
+            rest = "/".join(parts[i + 1:])
+            joined = os.path.normpath(os.path.join(cur, target, rest) if rest else os.path.join(cur, target))
+            return _resolve(joined, links, depth + 1)
+        if not os.path.exists(nxt):
+            return None
+        cur = nxt
+    return cur
+
+
+def _ancestors(path: str) -> list[str]:
+    out, cur = [], os.path.dirname(path)
+    while cur not in ("/", ""):
+        out.append(cur)
+        cur = os.path.dirname(cur)
+    return out
+
+
+def _outermost(dirs) -> tuple[str, ...]:
+    kept: list[str] = []
+    for d in sorted(dirs):  # sorted: a parent comes before its children
+        if not any(is_under(d, k) for k in kept):
+            kept.append(d)
+    return tuple(kept)
+
+
+def is_under(path: str, d: str) -> bool:
+    return path == d or path.startswith(d.rstrip("/") + "/")

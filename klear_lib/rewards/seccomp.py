@@ -1,0 +1,146 @@
+"""The sandbox's seccomp filter: a classic-BPF program, built here in pure Python, that bwrap loads (`--seccomp FD`).
+
+A test program reads input, computes, and writes output; it may start threads, fork, and run the interpreter
+again. It never needs to create namespaces, trace or read other processes, mount, talk to the kernel keyring,
+load BPF or kernel modules, or use io_uring. The filter denies those with EPERM, so that a program that tries
+gets an ordinary OSError rather than a kill, and the sandbox no longer depends on the kernel's defaults (as root
+the sandbox's unprivileged uid could create user namespaces; see the module docstring of `sandbox`).
+
+The program, in the kernel's `struct seccomp_data` terms (nr at offset 0, arch at 4, args[i] at 16 + 8 i):
+
+    arch != AUDIT_ARCH of this machine      -> kill the process (32-bit entry points have other numbers)
+    nr has the x32 bit (x86_64)             -> EPERM
+    nr == clone  and args[0] & CLONE_NEW*   -> EPERM           (fork and threads pass)
+    nr == clone3                            -> ENOSYS          (its flags live in memory, out of the filter's
+                                                               reach; glibc then falls back to clone)
+    nr == socket/socketpair, family not in {unix, inet, inet6, netlink} -> EPERM (vsock is not namespaced)
+    nr == personality, arg not 0 (Linux) or 0xffffffff (query)          -> EPERM (e.g. ASLR off)
+    nr in DENIED                            -> EPERM
+    otherwise                               -> allow
+
+Only the low 32 bits of an argument are compared (the kernel reads clone flags, socket families and
+personalities as 32-bit values), and both supported machines are little-endian, where they sit at the lower address.
+"""
+
+from __future__ import annotations
+
+import errno
+import platform
+import struct
+
+# Denied with EPERM. Numbers: x86_64 from asm/unistd_64.h, aarch64 from asm-generic/unistd.h (None: no such call).
+SYSCALLS: dict[str, tuple[int | None, int | None]] = {
+    # namespaces (clone is filtered by its flags, clone3 answered ENOSYS: both below)
+    "unshare": (272, 97), "setns": (308, 268),
+    # other processes' memory and file descriptors
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "kcmp": (312, 272),
+    "pidfd_getfd": (438, 438),
+    # mounts and the root
+    "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41), "chroot": (161, 51),
+    "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430), "fsconfig": (431, 431),
+    "fsmount": (432, 432), "fspick": (433, 433), "mount_setattr": (442, 442),
+    # the kernel keyring
+    "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
+    # kernel attack surface: BPF, perf, modules, kexec, io_uring, userfaultfd
+    "bpf": (321, 280), "perf_event_open": (298, 241), "userfaultfd": (323, 282),
+    "init_module": (175, 105), "finit_module": (313, 273), "delete_module": (176, 106),
+    "kexec_load": (246, 104), "kexec_file_load": (320, 294),
+    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
+    # system administration, file handles (the "shocker" escape), the clock
+    "reboot": (169, 142), "swapon": (167, 224), "swapoff": (168, 225), "acct": (163, 89), "syslog": (103, 116),
+    "quotactl": (179, 60), "quotactl_fd": (443, 443), "lookup_dcookie": (212, 18), "vhangup": (153, 58),
+    "sethostname": (170, 161), "setdomainname": (171, 162), "fanotify_init": (300, 262),
+    "name_to_handle_at": (303, 264), "open_by_handle_at": (304, 265),
+    "settimeofday": (164, 170), "clock_settime": (227, 112), "clock_adjtime": (305, 266), "adjtimex": (159, 171),
+    # x86 only: port I/O, the LDT, obsolete module and sysctl calls
+    "iopl": (172, None), "ioperm": (173, None), "modify_ldt": (154, None), "uselib": (134, None),
+    "_sysctl": (156, None), "create_module": (174, None), "get_kernel_syms": (177, None),
+    "query_module": (178, None), "nfsservctl": (180, None),
+}
+# Filtered by argument: (x86_64, aarch64).
+CLONE, CLONE3, PERSONALITY = (56, 220), (435, 435), (135, 92)
+SOCKET, SOCKETPAIR = (41, 198), (53, 199)
+
+CLONE_NEW_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+ALLOWED_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK
+ALLOWED_PERSONALITIES = (0x0, 0xFFFFFFFF)  # PER_LINUX, and the query personality(0xffffffff)
+X32_SYSCALL_BIT = 0x40000000
+
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}  # EM_X86_64 / EM_AARCH64 | 64-bit | little-endian
+_ARCH_INDEX = {"x86_64": 0, "aarch64": 1}
+
+# Return values (linux/seccomp.h).
+RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
+# Classic BPF opcodes (linux/filter.h): load word absolute, jumps against a constant, return a constant.
+LD_W_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+NR, ARCH, ARG0 = 0, 4, 16  # offsets in struct seccomp_data
+_INSN = struct.Struct("<HBBI")  # struct sock_filter {u16 code; u8 jt; u8 jf; u32 k}
+
+
+class UnsupportedMachineError(RuntimeError):
+    """No syscall table for this machine."""
+
+
+def machine() -> str:
+    """This machine in the tables' terms ("x86_64" or "aarch64")."""
+    m = platform.machine().lower()
+    m = {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+    if m not in _ARCH_INDEX:
+        raise UnsupportedMachineError(
+            f"the sandbox's seccomp filter has syscall numbers for {', '.join(_ARCH_INDEX)}, not {m!r}")
+    return m
+
+
+def denied_syscalls(arch: str | None = None) -> dict[str, int]:
+    """Name -> number of every syscall denied outright on `arch` (default: this machine)."""
+    i = _ARCH_INDEX[arch or machine()]
+    return {name: nrs[i] for name, nrs in SYSCALLS.items() if nrs[i] is not None}
+
+
+def build_filter(arch: str | None = None) -> bytes:
+    """The filter for `arch` (default: this machine) as packed `sock_filter`s, ready for `--seccomp FD`."""
+    arch = arch or machine()
+    i = _ARCH_INDEX[arch]
+    eperm, enosys = RET_ERRNO | errno.EPERM, RET_ERRNO | errno.ENOSYS
+    # (opcode, k, jump-if-true label, jump-if-false label); a label None means "next instruction".
+    prog: list[tuple] = [
+        (LD_W_ABS, ARCH, None, None),
+        (JEQ, AUDIT_ARCH[arch], None, "kill"),
+        (LD_W_ABS, NR, None, None),
+    ]
+    if arch == "x86_64":
+        prog.append((JGE, X32_SYSCALL_BIT, "eperm", None))
+    prog += [
+        (JEQ, CLONE[i], "clone", None),
+        (JEQ, CLONE3[i], "enosys", None),
+        (JEQ, SOCKET[i], "socket", None),
+        (JEQ, SOCKETPAIR[i], "socket", None),
+        (JEQ, PERSONALITY[i], "personality", None),
+    ]
+    prog += [(JEQ, nr, "eperm", None) for nr in sorted(denied_syscalls(arch).values())]
+    prog += [(RET, RET_ALLOW, None, None)]
+    labels = {"clone": len(prog)}
+    prog += [(LD_W_ABS, ARG0, None, None), (JSET, CLONE_NEW_FLAGS, "eperm", "allow")]
+    labels["socket"] = len(prog)
+    prog += [(LD_W_ABS, ARG0, None, None)] + [(JEQ, f, "allow", None) for f in ALLOWED_FAMILIES]
+    prog += [(RET, eperm, None, None)]
+    labels["personality"] = len(prog)
+    prog += [(LD_W_ABS, ARG0, None, None)] + [(JEQ, p, "allow", None) for p in ALLOWED_PERSONALITIES]
+    prog += [(RET, eperm, None, None)]
+    for name, ret in (("allow", RET_ALLOW), ("eperm", eperm), ("enosys", enosys), ("kill", RET_KILL_PROCESS)):
+        labels[name] = len(prog)
+        prog.append((RET, ret, None, None))
+    return b"".join(_assemble(pc, insn, labels) for pc, insn in enumerate(prog))
+
+
+def _assemble(pc: int, insn: tuple, labels: dict[str, int]) -> bytes:
+    code, k, jt, jf = insn
+
+    def offset(label):  # cBPF jumps are forward only, relative to the next instruction, 8 bits
+        if label is None:
+            return 0
+        off = labels[label] - pc - 1
+        assert 0 <= off <= 255, f"jump from {pc} to {label} is {off} instructions, out of cBPF's 0..255"
+        return off
+
+    return _INSN.pack(code, offset(jt), offset(jf), k)

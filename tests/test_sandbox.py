@@ -1,0 +1,317 @@
+"""The sandbox's behaviour: one sandbox per sample with a fresh process per test, the frame protocol, the
+minimal root, and reaping (no zombie, no stray process after 200 calls under a parent that never reaps)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import pytest
+
+from klear_lib.rewards import sandbox, sandbox_root, sandbox_zygote
+from klear_lib.rewards.sandbox import FunctionCall, UnsafeSandboxWarning, run_python, run_python_tests
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None,
+                                 reason="bubblewrap is not installed (apt-get install bubblewrap, or `make`)")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --- the frame protocol and result assembly ----------------------------------------------------------------------
+
+def test_frames_round_trip_and_a_cut_frame_is_dropped():
+    a = sandbox_zygote.encode_frame(0, 256, 0, 0, 0, 0, 0.25, b"out\n\nx", b"", b"json [1]")
+    b = sandbox_zygote.encode_frame(1, 9, 1, 1, 1, 0, 2.0, b"1 2 3\n", b"err", b"")
+    frames = sandbox_zygote.decode_frames(a + b + b[:-2])  # a third frame cut short: not reported
+    assert len(frames) == 2
+    assert frames[0] == {"i": 0, "status": 256, "timed_out": False, "overflow": False, "out_truncated": False,
+                         "err_truncated": False, "duration_s": 0.25, "out": b"out\n\nx", "err": b"",
+                         "result": b"json [1]"}
+    assert (frames[1]["i"], frames[1]["timed_out"], frames[1]["overflow"], frames[1]["out"], frames[1]["err"]) == \
+        (1, True, True, b"1 2 3\n", b"err")
+
+
+def test_results_decode_wait_statuses_and_fill_missing_tests():
+    frames = sandbox_zygote.decode_frames(
+        sandbox_zygote.encode_frame(0, 3 << 8, 0, 0, 0, 0, 0.1, b"", b"", b"json {\"a\": [1, 2]}")
+        + sandbox_zygote.encode_frame(1, 11, 0, 0, 0, 0, 0.1, b"", b"", b"repr {1, 2}"))
+    raw = sandbox.Raw(returncode=-9, stdout=b"", stderr=b"killed", timed_out=True)
+    r0, r1, r2 = sandbox._results(frames, 3, raw, sandboxed=True)
+    assert (r0.returncode, r0.killed_by_signal, r0.returned, r0.value) == (3, None, True, {"a": [1, 2]})
+    assert (r1.returncode, r1.killed_by_signal, r1.value, r1.value_is_json) == (128 + 11, 11, "{1, 2}", False)
+    assert r2.timed_out and "sandbox ended before this test finished: killed" in r2.stderr  # the host's deadline
+
+
+def test_a_test_must_be_a_string_or_a_function_call():
+    with pytest.raises(TypeError, match="stdin string or a FunctionCall, got dict"):
+        run_python_tests("print(1)", [{"input": "1"}])
+    assert run_python_tests("print(1)", []) == []
+
+
+# --- one sandbox per sample, a fresh process per test --------------------------------------------------------------
+
+@needs_bwrap
+def test_globals_files_and_pids_do_not_carry_over_between_tests():
+    # json is imported by the warm interpreter before the fork: a test that mutates it changes its own copy only.
+    program = textwrap.dedent("""
+        import json, os, sys
+        json.seen = getattr(json, "seen", 0) + 1
+        with open("/tmp/state", "a") as f:
+            f.write(sys.stdin.read())
+        os.makedirs("/tmp/d/e", exist_ok=True); os.chmod("/tmp/d", 0o500)  # even a dir it locked itself out of
+        print(json.seen, open("/tmp/state").read(), sorted(os.listdir("/tmp")), os.getppid())
+    """)
+    results = run_python_tests(program, ["a", "b", "c"], timeout_s=5)
+    assert [r.stdout.split() for r in results] == [
+        ["1", x, "['d',", "'main.py',", "'state']", "1"] for x in "abc"]
+
+
+@needs_bwrap
+def test_hang_crash_flood_and_exit_cost_only_their_own_test():
+    program = textwrap.dedent("""
+        import os, sys, time
+        cmd = sys.stdin.read().strip()
+        if cmd == "hang":
+            while True:
+                pass
+        if cmd == "segv":
+            import ctypes; ctypes.string_at(0)
+        if cmd == "flood":
+            while True:
+                sys.stdout.write("x" * 65536)
+        if cmd == "exit3":
+            sys.exit(3)
+        if cmd == "sleep":
+            time.sleep(0.3)
+        print("fine", cmd)
+    """)
+    t0 = time.monotonic()
+    rs = run_python_tests(program, ["a", "hang", "segv", "flood", "exit3", "sleep", "b"], timeout_s=1.0,
+                          max_output_bytes=1 << 20)
+    wall = time.monotonic() - t0
+    assert [r.stdout for r in (rs[0], rs[6])] == ["fine a\n", "fine b\n"]
+    assert rs[1].timed_out and 1.0 <= rs[1].duration_s < 1.5 and rs[1].killed_by_signal == 9
+    assert rs[2].killed_by_signal == 11 and rs[2].returncode == 139 and not rs[2].timed_out
+    assert rs[3].output_limit_exceeded and rs[3].stdout_truncated and len(rs[3].stdout) == 1 << 20
+    assert rs[4].returncode == 3 and not rs[4].ok
+    assert rs[5].ok and 0.3 <= rs[5].duration_s < 1.0  # its own time, fork to exit
+    assert wall < 1.0 + 4.0  # one hang costs one timeout, not one per sibling
+
+
+@needs_bwrap
+def test_a_daemon_left_by_one_test_is_gone_before_the_next():
+    program = textwrap.dedent("""
+        import os, sys, time
+        if sys.stdin.read() == "spawn":
+            if os.fork() == 0:
+                os.setsid()
+                if os.fork() == 0:
+                    time.sleep(60)
+                os._exit(0)
+            time.sleep(0.1)
+        print(sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
+    """)
+    first, second = run_python_tests(program, ["spawn", "look"], timeout_s=5)
+    assert len(json.loads(first.stdout)) >= 3  # pid 1, the test, its daemon (its first child may be a zombie)
+    assert json.loads(second.stdout) == [1, json.loads(second.stdout)[1]]  # pid 1 and the test itself
+
+
+@needs_bwrap
+def test_function_calls_and_stdin_tests_share_one_program():
+    program = textwrap.dedent("""
+        def double(x):
+            return 2 * x
+        def pair(x):
+            return (x, {"k": x})
+        def odd(x):
+            return {x}
+        class Solution:
+            def twice(self, s):
+                return s * 2
+        if __name__ == "__main__":
+            print(double(int(input())))
+    """)
+    rs = run_python_tests(program, [FunctionCall("double", [21]), FunctionCall("pair", ["a"]), "5",
+                                    FunctionCall("odd", [3]), FunctionCall("twice", ["ab"]),
+                                    FunctionCall("nothere", [])], timeout_s=5)
+    assert (rs[0].returned, rs[0].value, rs[0].stdout) == (True, 42, "")  # the __main__ block stays out
+    assert rs[1].value == ["a", {"k": "a"}]  # through JSON: the tuple is a list
+    assert (rs[2].stdout, rs[2].returned) == ("10\n", False)  # a stdin test runs the __main__ block
+    assert (rs[3].returned, rs[3].value_is_json, rs[3].value) == (True, False, "{3}")
+    assert rs[4].value == "abab"
+    assert rs[5].returncode == 1 and not rs[5].returned and "NameError: no function 'nothere'" in rs[5].stderr
+
+
+@needs_bwrap
+def test_tracebacks_read_as_pythons_own():
+    r = run_python("def f():\n    raise ValueError('boom')\nf()\n")
+    assert r.returncode == 1
+    assert r.stderr == ('Traceback (most recent call last):\n  File "/tmp/main.py", line 3, in <module>\n'
+                        '    f()\n  File "/tmp/main.py", line 2, in f\n    raise ValueError(\'boom\')\n'
+                        'ValueError: boom\n')
+    # compiled as `python main.py` would: no __future__ flag of the host's or the warm interpreter's code
+    r = run_python("def f(x: int): pass\nprint(f.__annotations__)")
+    assert r.stdout == "{'x': <class 'int'>}\n"
+    r = run_python("print(1\n")
+    assert r.returncode == 1 and r.stderr.endswith("SyntaxError: '(' was never closed\n")
+    assert run_python("import sys; sys.exit('bye')").stderr == "bye\n"
+
+
+@needs_bwrap
+def test_the_hosts_backstop_ends_a_stuck_sandbox(monkeypatch):
+    # The warm interpreter enforces each test's timeout; the host's deadline (startup budget + per-test slack) is
+    # the backstop should the sandbox as a whole stall. Shrink it below one test's timeout to see it act.
+    monkeypatch.setattr(sandbox, "STARTUP_BUDGET_S", 0.5)
+    monkeypatch.setattr(sandbox, "PER_TEST_SLACK_S", -2.5)  # budget: 0.5 + 2 x (3 - 2.5) = 1.5 s
+    t0 = time.monotonic()
+    program = "import sys, time\nif sys.stdin.read() == 'hang':\n    time.sleep(60)\nprint('ok')"
+    first, second = run_python_tests(program, ["quick", "hang"], timeout_s=3.0)
+    assert time.monotonic() - t0 < 2.5
+    assert first.ok and first.stdout == "ok\n"  # its frame came before the kill
+    assert second.timed_out and second.stderr.startswith("the sandbox ended before this test finished")
+    assert children_of(os.getpid()) == []  # bwrap waited for, and the whole sandbox with it
+
+
+def children_of(parent: int) -> list[int]:
+    found = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+        if ppid == parent:
+            found.append(int(p))
+    return found
+
+
+# --- the minimal root ------------------------------------------------------------------------------------------
+
+@needs_bwrap
+def test_the_root_holds_the_interpreter_and_nothing_else():
+    info = sandbox_root.interpreter_files(os.path.realpath(sys.executable))
+    program = textwrap.dedent("""
+        import os, sys
+        seen = []
+        for top, dirs, files in os.walk("/"):
+            if top in ("/proc", "/dev", "/tmp"):
+                dirs[:] = []
+                continue
+            for name in dirs + files:
+                path = os.path.join(top, name)
+                if os.path.islink(path) or os.path.isfile(path):
+                    seen.append(path)
+        print("\\n".join(seen))
+    """)
+    r = run_python(program, timeout_s=20)
+    assert r.ok, r.stderr
+    visible = r.stdout.split()
+    allowed = [*info.directories, *info.files]
+    outside = [p for p in visible if not any(sandbox_root.is_under(p, d) for d in allowed)]
+    assert all(os.path.islink(p) for p in outside), outside  # the loader's symlinks (/lib64, ...)
+    for absent in (REPO, os.path.expanduser("~"), "/etc/passwd", "/etc/shadow", "/run", "/var", "/home"):
+        assert [p for p in outside if sandbox_root.is_under(p, absent)] == [], absent
+        if not any(sandbox_root.is_under(d, absent) for d in allowed):  # a home may hold the interpreter (pyenv)
+            assert [p for p in visible if sandbox_root.is_under(p, absent)] == [], absent
+    for hidden in info.hidden:  # the base interpreter's site-packages: present, empty
+        assert run_python(f"import os; print(os.listdir({hidden!r}))").stdout == "[]\n"
+
+
+def test_symlinks_on_the_way_are_recorded(tmp_path):
+    (tmp_path / "real" / "lib").mkdir(parents=True)
+    (tmp_path / "real" / "lib" / "libx.so").write_text("")
+    os.symlink("real", tmp_path / "alias")  # relative, like /lib -> usr/lib
+    os.symlink(str(tmp_path / "alias" / "lib" / "libx.so"), tmp_path / "ld.so")  # absolute, through the first
+    links = {}
+    assert sandbox_root._resolve(str(tmp_path / "ld.so"), links) == str(tmp_path / "real" / "lib" / "libx.so")
+    assert links == {str(tmp_path / "ld.so"): str(tmp_path / "alias" / "lib" / "libx.so"),
+                     str(tmp_path / "alias"): "real"}
+    assert sandbox_root._resolve(str(tmp_path / "missing" / "x"), {}) is None
+
+
+def test_elf_interpreter_is_read_from_the_program_headers(tmp_path):
+    interp = b"/lib/ld-test.so.1\0"
+    header = bytearray(64)
+    header[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<Q", header, 32, 64)  # e_phoff: the program headers right after the ELF header
+    struct.pack_into("<HH", header, 54, 56, 2)  # e_phentsize, e_phnum
+    load = struct.pack("<IIQQQQQQ", 1, 5, 0, 0, 0, 0, 0, 0)  # PT_LOAD, skipped
+    pt_interp = struct.pack("<IIQQQQQQ", 3, 4, 64 + 2 * 56, 0, 0, len(interp), len(interp), 1)
+    (tmp_path / "elf").write_bytes(bytes(header) + load + pt_interp + interp)
+    assert sandbox_root.elf_interpreter(str(tmp_path / "elf")) == "/lib/ld-test.so.1"
+    (tmp_path / "script").write_text("#!/bin/sh\n")
+    assert sandbox_root.elf_interpreter(str(tmp_path / "script")) is None
+
+
+# --- reaping ---------------------------------------------------------------------------------------------------
+
+# Runs in a child subreaper that never waits for orphans, like pid 1 of a container without an init: every
+# process that loses its parent below it stays its child (a zombie once dead). Prints its children and the
+# number of its descendants still alive.
+REAP_PROBE = r"""
+import ctypes, json, os, subprocess, sys, time
+assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+n, how = int(sys.argv[1]), sys.argv[2]
+if how == "run_python":
+    from klear_lib.rewards.sandbox import run_python
+    for i in range(n):
+        assert run_python("print(%d)" % i, timeout_s=5).stdout == "%d\n" % i
+else:  # bwrap's own init, as the sandbox ran before: the control that shows this probe sees zombies
+    for _ in range(n):
+        userns = ["--unshare-user"] if os.geteuid() != 0 else []
+        subprocess.run(["bwrap", *userns, "--unshare-pid", "--ro-bind", "/", "/", "--", "/bin/true"], check=True)
+time.sleep(0.2)
+stats = {}
+for p in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        text = open(f"/proc/{p}/stat").read()
+    except (OSError, NotADirectoryError):
+        continue
+    head, tail = text.rsplit(")", 1)
+    stats[int(p)] = (head.split("(", 1)[1], tail.split()[0], int(tail.split()[1]))  # comm, state, ppid
+children = [(c, s) for pid, (c, s, ppid) in stats.items() if ppid == os.getpid()]
+descendants, frontier = [], [os.getpid()]
+while frontier:
+    kids = [pid for pid, (_, _, ppid) in stats.items() if ppid in frontier]
+    descendants += kids
+    frontier = kids
+print(json.dumps({"children": children, "descendants": len(descendants)}))
+"""
+
+
+@needs_bwrap
+def test_200_calls_leave_no_zombie_and_no_stray_process():
+    def probe(n, how):
+        p = subprocess.run([sys.executable, "-c", REAP_PROBE, str(n), how], capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    control = probe(3, "bwrap_init")
+    assert control == {"children": [["bwrap", "Z"]] * 3, "descendants": 3}  # the probe does see zombies
+    assert probe(200, "run_python") == {"children": [], "descendants": 0}
+
+
+@needs_bwrap
+def test_sandbox_status_reports_how_programs_run():
+    status = sandbox.sandbox_status()
+    assert status["available"] and status["as_root"] == (os.geteuid() == 0) and 0 < status["call_s"] < 10
+    assert (status["uid_inside"] != "0") if status["as_root"] else (status["uid_inside"] == str(os.getuid()))
+
+
+# --- the unsafe opt-out --------------------------------------------------------------------------------------
+
+def test_unsafe_mode_runs_each_test_in_its_own_process(monkeypatch):
+    monkeypatch.delenv(sandbox.UNSAFE_ENV_VAR, raising=False)
+    program = "import json, os, sys\njson.n = getattr(json, 'n', 0) + 1\nprint(json.n, sys.stdin.read(), os.getppid())"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rs = run_python_tests(program, ["a", "b"], unsafe_no_sandbox=True, timeout_s=5)
+    assert [r.stdout.split()[:2] for r in rs] == [["1", "a"], ["1", "b"]]
+    assert not rs[0].sandboxed and rs[0].stdout.split()[2] != "1"  # an ordinary process, not a namespace's pid 1
+    assert sum(issubclass(w.category, UnsafeSandboxWarning) for w in caught) == 1

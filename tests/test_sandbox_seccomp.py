@@ -1,0 +1,201 @@
+"""The sandbox's seccomp filter: its decisions (on a small classic-BPF interpreter written here), its syscall
+numbers (against the kernel headers where installed), and its effect in the real kernel through bwrap."""
+
+from __future__ import annotations
+
+import errno
+import re
+import shutil
+import struct
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from klear_lib.rewards import sandbox, seccomp
+from klear_lib.rewards.sandbox import run_python
+
+ARCHES = ["x86_64", "aarch64"]
+EPERM = seccomp.RET_ERRNO | errno.EPERM
+ENOSYS = seccomp.RET_ERRNO | errno.ENOSYS
+ALLOW, KILL = seccomp.RET_ALLOW, seccomp.RET_KILL_PROCESS
+# (x86_64, aarch64) numbers of calls every program makes: read, write, openat, mmap, execve, wait4, exit_group.
+COMMON = {"read": (0, 63), "write": (1, 64), "openat": (257, 56), "mmap": (9, 222), "execve": (59, 221),
+          "wait4": (61, 260), "exit_group": (231, 94)}
+CLONE_NEW = {"NEWNS": 0x20000, "NEWCGROUP": 0x02000000, "NEWUTS": 0x04000000, "NEWIPC": 0x08000000,
+             "NEWUSER": 0x10000000, "NEWPID": 0x20000000, "NEWNET": 0x40000000}
+THREAD_FLAGS = 0x3D0F00  # what glibc's pthread_create passes: VM|FS|FILES|SIGHAND|THREAD|SYSVSEM|SETTLS|*TID
+SIGCHLD = 17  # fork() is clone(SIGCHLD)
+
+
+def bpf_run(program: bytes, nr: int, arch: str, args=(0,) * 6, data_arch: str | None = None) -> int:
+    """Run a classic-BPF seccomp program on one syscall the way the kernel does; its return value. `data_arch`:
+    the architecture the call claims (default `arch`). Knows the instructions `seccomp.build_filter` emits (load
+    word absolute, jeq/jge/jset against a constant, return)."""
+    audit_arch = seccomp.AUDIT_ARCH.get(data_arch or arch, data_arch)  # a name, or a raw AUDIT_ARCH value
+    data = struct.pack("<iIQ6Q", nr, audit_arch, 0, *args)  # struct seccomp_data
+    insns = [struct.unpack_from("<HBBI", program, i) for i in range(0, len(program), 8)]
+    pc, acc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        if code == seccomp.LD_W_ABS:
+            acc = struct.unpack_from("<I", data, k)[0]
+            pc += 1
+        elif code in (seccomp.JEQ, seccomp.JGE, seccomp.JSET):
+            taken = {seccomp.JEQ: acc == k, seccomp.JGE: acc >= k, seccomp.JSET: bool(acc & k)}[code]
+            pc += 1 + (jt if taken else jf)
+        elif code == seccomp.RET:
+            return k
+        else:
+            raise AssertionError(f"unexpected opcode {code:#x} at {pc}")
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_every_listed_syscall_is_denied_and_common_ones_pass(arch):
+    prog = seccomp.build_filter(arch)
+    assert len(prog) % 8 == 0
+    i = ARCHES.index(arch)
+    denied = seccomp.denied_syscalls(arch)
+    assert {"unshare", "setns", "ptrace", "mount", "umount2", "pivot_root", "chroot", "keyctl", "add_key",
+            "request_key", "bpf", "perf_event_open", "kexec_load", "init_module", "finit_module", "delete_module",
+            "userfaultfd", "process_vm_readv", "process_vm_writev", "io_uring_setup", "io_uring_enter",
+            "io_uring_register"} <= set(denied)
+    for name, nr in denied.items():
+        assert bpf_run(prog, nr, arch) == EPERM, name
+    for name, nrs in COMMON.items():
+        assert bpf_run(prog, nrs[i], arch) == ALLOW, name
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_clone_is_judged_by_its_flags_and_clone3_falls_back(arch):
+    prog, i = seccomp.build_filter(arch), ARCHES.index(arch)
+    clone = seccomp.CLONE[i]
+    assert bpf_run(prog, clone, arch, (SIGCHLD, 0, 0, 0, 0, 0)) == ALLOW  # fork
+    assert bpf_run(prog, clone, arch, (THREAD_FLAGS, 0, 0, 0, 0, 0)) == ALLOW  # a thread
+    for name, flag in CLONE_NEW.items():
+        assert bpf_run(prog, clone, arch, (flag | SIGCHLD, 0, 0, 0, 0, 0)) == EPERM, name
+        assert bpf_run(prog, clone, arch, (flag | (1 << 40), 0, 0, 0, 0, 0)) == EPERM, name  # high bits ignored
+    assert bpf_run(prog, seccomp.CLONE3[i], arch) == ENOSYS
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_socket_families_and_personalities(arch):
+    prog, i = seccomp.build_filter(arch), ARCHES.index(arch)
+    for call in (seccomp.SOCKET[i], seccomp.SOCKETPAIR[i]):
+        for family in (1, 2, 10, 16):  # unix, inet, inet6, netlink
+            assert bpf_run(prog, call, arch, (family, 1, 0, 0, 0, 0)) == ALLOW
+        for family in (40, 17, 38, 3):  # vsock (not namespaced), packet, alg (kernel crypto), ax25
+            assert bpf_run(prog, call, arch, (family, 1, 0, 0, 0, 0)) == EPERM
+    pers = seccomp.PERSONALITY[i]
+    assert bpf_run(prog, pers, arch, (0, 0, 0, 0, 0, 0)) == ALLOW
+    assert bpf_run(prog, pers, arch, (0xFFFFFFFF, 0, 0, 0, 0, 0)) == ALLOW  # the query
+    assert bpf_run(prog, pers, arch, (0x0040000, 0, 0, 0, 0, 0)) == EPERM  # ADDR_NO_RANDOMIZE
+
+
+def test_other_architectures_and_x32_calls_are_refused():
+    prog = seccomp.build_filter("x86_64")
+    assert bpf_run(prog, 39, "x86_64") == ALLOW  # getpid
+    assert bpf_run(prog, 20, "x86_64", data_arch=0x40000003) == KILL  # i386 entry (int 0x80): getpid is 20 there
+    assert bpf_run(prog, 172, "x86_64", data_arch="aarch64") == KILL  # another arch's getpid
+    assert bpf_run(prog, 0x40000000 | 39, "x86_64") == EPERM  # the x32 ABI's getpid
+
+
+def test_unknown_machine_is_named(monkeypatch):
+    monkeypatch.setattr(seccomp.platform, "machine", lambda: "riscv64")
+    with pytest.raises(seccomp.UnsupportedMachineError, match="x86_64, aarch64, not 'riscv64'"):
+        seccomp.build_filter()
+    if shutil.which("bwrap") is None:
+        return
+    sandbox._seccomp_filter.cache_clear()
+    try:  # the sandbox refuses to run unfiltered, and says how to opt out
+        with pytest.raises(sandbox.SandboxUnavailableError, match="not 'riscv64'.*unsafe_no_sandbox=True"):
+            run_python("print(1)")
+    finally:
+        sandbox._seccomp_filter.cache_clear()
+
+
+@pytest.mark.parametrize("arch, header", [("x86_64", "/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
+                                          ("aarch64", "/usr/include/asm-generic/unistd.h")])
+def test_syscall_numbers_match_the_kernel_headers(arch, header):
+    if not Path(header).exists():
+        pytest.skip(f"{header} is not installed (package linux-libc-dev)")
+    defined = {name: int(nr) for name, nr in re.findall(r"^#define __NR_(\w+)\s+(\d+)\s*$", Path(header).read_text(),
+                                                        re.MULTILINE)}
+    i = ARCHES.index(arch)
+    table = dict(seccomp.denied_syscalls(arch), clone=seccomp.CLONE[i], clone3=seccomp.CLONE3[i],
+                 personality=seccomp.PERSONALITY[i], socket=seccomp.SOCKET[i], socketpair=seccomp.SOCKETPAIR[i])
+    checked = {name: nr for name, nr in table.items() if name in defined}
+    assert len(checked) >= len(table) - 2  # at most a legacy call or two missing from a newer header
+    assert {name: defined[name] for name in checked} == checked
+
+
+# --- in the kernel, through bwrap ------------------------------------------------------------------------------
+
+# ctypes syscalls; each line prints "name errno". (x86_64, aarch64) numbers for calls glibc has no wrapper for.
+KERNEL_PROBE = """
+import ctypes, os, platform, socket
+libc = ctypes.CDLL(None, use_errno=True)
+A = 0 if platform.machine() == "x86_64" else 1
+def call(name, nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr[A]), *[ctypes.c_long(a) for a in args])
+    print(name, ctypes.get_errno() if r == -1 else "ok")
+call("unshare_user", (272, 97), 0x10000000)
+call("unshare_net", (272, 97), 0x40000000)
+call("clone_newuser", (56, 220), 0x10000000 | 17, 0, 0, 0, 0)
+call("clone3", (435, 435), 0, 0)
+fd = os.open("/proc/self/ns/uts", os.O_RDONLY)
+call("setns", (308, 268), fd, 0)
+call("ptrace_traceme", (101, 117), 0, 0, 0, 0)
+call("ptrace_attach_1", (101, 117), 16, 1, 0, 0)
+call("keyctl", (250, 219), 0, -3, 0, 0)  # KEYCTL_GET_KEYRING_ID of the session keyring
+call("add_key", (248, 217), 0, 0, 0, 0, -3)
+call("bpf", (321, 280), 0, 0, 0)
+call("mount", (165, 40), 0, 0, 0, 0, 0)
+call("umount2", (166, 39), 0, 0)
+call("chroot", (161, 51), 0)
+call("pivot_root", (155, 41), 0, 0)
+call("perf_event_open", (298, 241), 0, 0, -1, -1, 0)
+call("userfaultfd", (323, 282), 0)
+call("io_uring_setup", (425, 425), 1, 0)
+call("personality_norandom", (135, 92), 0x0040000)
+call("process_vm_readv", (310, 270), 1, 0, 0, 0, 0, 0)
+call("init_module", (175, 105), 0, 0, 0)
+call("kexec_load", (246, 104), 0, 0, 0, 0)
+try:
+    socket.socket(40, socket.SOCK_STREAM)  # AF_VSOCK
+    print("vsock ok")
+except OSError as e:
+    print("vsock", e.errno)
+"""
+
+
+def test_the_kernel_applies_the_filter():
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    r = run_python(KERNEL_PROBE, timeout_s=10)
+    assert r.ok, r.stderr
+    got = dict(line.split() for line in r.stdout.splitlines())
+    assert got.pop("clone3") == str(errno.ENOSYS)
+    assert got == {name: str(errno.EPERM) for name in got}, got
+    assert len(got) == 21
+
+
+def test_ordinary_programs_still_run():
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    program = textwrap.dedent("""
+        import multiprocessing, os, subprocess, sys, threading
+        box = []
+        t = threading.Thread(target=box.append, args=("thread",)); t.start(); t.join()
+        r = subprocess.run([sys.executable, "-c", "print('child')"], capture_output=True, text=True)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        with multiprocessing.Pool(2) as pool:
+            squares = pool.map(abs, [-2, -3])
+        print(box[0], r.stdout.strip(), os.waitpid(pid, 0)[1] >> 8, squares)
+    """)
+    r = run_python(program, timeout_s=10)
+    assert r.ok, r.stderr
+    assert r.stdout.split() == ["thread", "child", "7", "[2,", "3]"]
