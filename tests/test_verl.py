@@ -129,7 +129,7 @@ def test_micro_batches_and_ranks_with_global_counts_add_up_to_the_whole_batch(ag
     mini-batch's global counts and multiplies by dp; micro-batch losses add up on a rank and DP averages ranks. That
     average (value and gradient) must equal the whole mini-batch's loss, the α term included."""
     monkeypatch.setenv(kv.OPTIONS_ENV, json.dumps({"sft_alpha": 0.1}))
-    old, new, adv, mask, ent, ent_old = batch(2, B=8)
+    old, new, adv, mask, _, _ = batch(2, B=8)
     pos = positives(8, seed=2)
     fn = core_algos.get_policy_loss_fn("gppo")
     whole, g_whole, _ = value_and_grad(fn, new, old, new, adv, mask, agg, actor_config(), is_positive=pos)
@@ -198,7 +198,7 @@ def test_options_are_checked(monkeypatch):
     assert (cfg.clip_ratio_c, cfg.erc_low, cfg.erc_high) == (3.0, 0.8, 1.2)
     assert kv.sft_alpha() == 0.1  # Klear's α
     for bad in ("-0.1", "true", '"0.1"'):
-        monkeypatch.setenv(kv.OPTIONS_ENV, '{"sft_alpha": %s}' % bad)
+        monkeypatch.setenv(kv.OPTIONS_ENV, f'{{"sft_alpha": {bad}}}')
         with pytest.raises(ValueError, match="sft_alpha"):
             kv.sft_alpha()
 
@@ -342,7 +342,8 @@ def test_hooked_ppo_loss_gives_the_klear_loss_entropies_and_flags_legacy_batch(m
     assert metrics["klear/positive_frac"].aggregate() == pytest.approx(float(pos.float().mean()))
     # verl's own losses go through the hook untouched
     cfg = actor_config(calculate_entropy=True, entropy_coeff=0.0)
-    torch.testing.assert_close(kv.hooked_ppo_loss(unhooked_ppo_loss())(cfg, out, data)[0], vl.ppo_loss(cfg, out, data)[0])
+    hooked = kv.hooked_ppo_loss(unhooked_ppo_loss())
+    torch.testing.assert_close(hooked(cfg, out, data)[0], vl.ppo_loss(cfg, out, data)[0])
 
 
 def jagged(rows):
@@ -420,7 +421,7 @@ def test_v1_actor_path_adds_up_to_the_whole_batch_loss(monkeypatch):
 
 
 def test_positive_counts_are_summed_over_the_data_parallel_group(monkeypatch):
-    old, new, adv, mask, ent, ent_old = batch(7)
+    old, new, adv, mask, _, ent_old = batch(7)
     pos = positives(len(new), seed=7)
     data = v1_minibatch(old, adv, mask, ent_old, pos, [2] * len(new))
     local = {"tokens": int(mask[pos].sum()), "seqs": int(pos.sum())}
@@ -450,7 +451,7 @@ def test_train_batch_hook_counts_only_for_klear_losses_with_alpha(monkeypatch):
             seen.append(tu.get_non_tensor_data(data, kv.POSITIVE_TOKENS_KEY, None))
 
     Worker.train_batch = kv.hooked_train_batch(Worker.train_batch)
-    old, new, adv, mask, ent, ent_old = batch(8)
+    old, new, adv, mask, _, ent_old = batch(8)
     pos = positives(len(new), seed=8)
     w = Worker()
     for mode, alpha in (("gppo", 0.1), ("gppo", 0.0), ("vanilla", 0.1)):
