@@ -1,26 +1,46 @@
 #!/usr/bin/env bash
-# Klear's math RL stage on verl + Ray with GPPO / GPPO+ERC / DAPO+ERC from klear_lib (docs/scale.md).
+# Klear's math RL stage on verl 0.9.1 + Ray with GPPO / GPPO+ERC / DAPO+ERC from klear_lib (docs/scale.md): the
+# actor loss pg_loss + α·positive_loss, and Klear's group filter through verl's own dynamic sampling.
 #
-# Environment: its own venv with `pip install -e '.[verl]' vllm` (verl's hydra clashes with this project's default
-# math-verify build; see pyproject.toml). Multi-node: on every node, export the two KLEAR/VERL variables below
-# before `ray start --head` (head) / `ray start --address=<head ip>:6379` (workers), so every Ray worker imports
-# klear_lib.integrations.verl; then run this script on the head node.
+# Environment: its own venv with `pip install -e '.[verl]' 'TransferQueue>=0.1.10' vllm` (verl's hydra clashes with
+# this project's default math-verify build, see pyproject.toml; TransferQueue is the store of verl 0.9.1's default
+# V1 trainer, which this script uses because only it filters groups). Multi-node: on every node, export the two
+# KLEAR/VERL variables below before `ray start --head` (head) / `ray start --address=<head ip>:6379` (workers), so
+# every Ray worker imports klear_lib.integrations.verl; then run this script on the head node.
 #
 # Usage: SFT_MODEL=/path/to/sft NNODES=2 GPUS_PER_NODE=8 scripts/verl_klear.sh [more hydra overrides]
-#   LOSS=gppo_erc (default) | gppo | ppo_clip_erc;  KLEAR_VERL_LOSS='{"erc_low": 0.8, "erc_high": 1.2}' (JSON);
+#   LOSS=gppo_erc (default) | gppo | ppo_clip_erc;
+#   KLEAR_VERL_LOSS='{"erc_low": 0.8, "erc_high": 1.2, "sft_alpha": 0.1}' (JSON; sft_alpha is α, 0 turns it off);
+#   FILTER=klear (default: keep a group iff its fully-correct indicator varies) | dapo (iff its rewards vary) | off;
 #   DATA=Kwai-Klear/KlearReasoner-MathSub-30K (hub name or local json/parquet); DATA_DIR=data/klear.
-# Not yet run by the project (no GPU was lent); the loss registration and the entropy hook are tested on CPU
-# against verl 0.9.1 (tests/test_verl.py).
+# Not yet run by the project (no GPU was lent); the losses, the hooks, the reward dict, verl's group filter on our
+# reward keys and every override key below are tested on CPU against verl 0.9.1 (tests/test_verl.py).
 set -euo pipefail
 : "${SFT_MODEL:?set SFT_MODEL to the long-CoT SFT checkpoint RL starts from}"
 NNODES=${NNODES:-1}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 LOSS=${LOSS:-gppo_erc}
+FILTER=${FILTER:-klear}
 DATA=${DATA:-Kwai-Klear/KlearReasoner-MathSub-30K}
 DATA_DIR=${DATA_DIR:-data/klear}
 PY=${PY:-python}
 export VERL_USE_EXTERNAL_MODULES=${VERL_USE_EXTERNAL_MODULES:-klear_lib.integrations.verl}
-export KLEAR_VERL_LOSS=${KLEAR_VERL_LOSS:-'{"erc_low": 0.8, "erc_high": 1.2}'}
+export KLEAR_VERL_LOSS=${KLEAR_VERL_LOSS:-'{"erc_low": 0.8, "erc_high": 1.2, "sft_alpha": 0.1}'}
+
+# Dynamic sampling (docs/scale.md): verl's algorithm.filter_groups on a key of verl_reward.compute_score's dict
+# (acc: 1 iff the reward is the full score -> Klear's rule; score -> DAPO's). verl 0.9.1 starts each step with
+# train_batch_size prompts and generates 2 more for every group it drops, at most max_inflight_gen_batches x
+# train_batch_size prompts in flight (2 x 128), until train_batch_size groups are kept: it always trains on exactly
+# 128 groups, ignores max_num_gen_batches and sets data.gen_batch_size to 1 itself. Klear's own run drew 256 prompts
+# once per step (gen_batch_size 256, max_num_gen_batches 1): same rule and target, a different draw.
+case "$FILTER" in
+  klear) FILTER_ARGS=(algorithm.filter_groups.enable=True algorithm.filter_groups.metric=acc
+                      algorithm.filter_groups.max_inflight_gen_batches=2) ;;
+  dapo)  FILTER_ARGS=(algorithm.filter_groups.enable=True algorithm.filter_groups.metric=score
+                      algorithm.filter_groups.max_inflight_gen_batches=2) ;;
+  off)   FILTER_ARGS=(algorithm.filter_groups.enable=False) ;;
+  *) echo "FILTER must be klear, dapo or off, got '$FILTER'" >&2; exit 2 ;;
+esac
 
 # verl reads parquet: Klear's RL records are already in verl's layout (data_source, prompt, ability, reward_model).
 TRAIN="$DATA_DIR/train.parquet"
@@ -38,11 +58,15 @@ PYPREP
 fi
 REWARD=$("$PY" -c 'import klear_lib.integrations.verl_reward as m; print(m.__file__)')
 
-# Klear's recipe (reference §4): 128 prompts x 8 responses, mini-batch 16, lr 1e-6 with 10 warm-up steps, weight
-# decay 0.1, clip 0.2/0.28, dual-clip 10, token-mean, no KL, no entropy bonus, T 1.0, 32K responses.
+# Klear's recipe (reference §4): 128 prompts x 8 responses trained on per step, mini-batch 16 (8 optimizer steps),
+# lr 1e-6 with 10 warm-up steps, weight decay 0.1, clip 0.2/0.28, dual-clip 10, token-mean, no KL, no entropy bonus,
+# α 0.1, T 1.0, 32K responses.
 "$PY" -m verl.trainer.main_ppo \
+  trainer.use_v1=True \
+  trainer.v1.trainer_mode=sync \
   algorithm.adv_estimator=grpo \
   algorithm.use_kl_in_reward=False \
+  "${FILTER_ARGS[@]}" \
   data.train_files="$TRAIN" \
   data.val_files="$TRAIN" \
   data.train_batch_size=128 \
@@ -78,7 +102,7 @@ REWARD=$("$PY" -c 'import klear_lib.integrations.verl_reward as m; print(m.__fil
   trainer.nnodes="$NNODES" \
   trainer.n_gpus_per_node="$GPUS_PER_NODE" \
   trainer.project_name=klear \
-  trainer.experiment_name="klear-$LOSS" \
+  trainer.experiment_name="klear-$LOSS-$FILTER" \
   trainer.logger='["console"]' \
   trainer.save_freq=50 \
   trainer.test_freq=-1 \

@@ -1,14 +1,15 @@
-"""Klear's policy losses inside verl (multi-GPU, multi-node training on Ray), reusing ``klear_lib.losses``.
+"""Klear's actor loss inside verl (multi-GPU, multi-node training on Ray), reusing ``klear_lib.losses``.
 
 Load it in every verl process by naming it in ``VERL_USE_EXTERNAL_MODULES`` (``import verl`` imports the listed
 modules; Ray workers inherit the variable through the runtime environment, see ``scripts/verl_klear.sh``)::
 
     VERL_USE_EXTERNAL_MODULES=klear_lib.integrations.verl \\
-    KLEAR_VERL_LOSS='{"erc_low": 0.8, "erc_high": 1.2}' \\
+    KLEAR_VERL_LOSS='{"erc_low": 0.8, "erc_high": 1.2, "sft_alpha": 0.1}' \\
     python -m verl.trainer.main_ppo actor_rollout_ref.actor.policy_loss.loss_mode=gppo_erc \\
         actor_rollout_ref.actor.calculate_entropy=True ...
 
-Registered into verl's policy-loss registry (``core_algos.register_policy_loss``):
+Registered into verl's policy-loss registry (``core_algos.register_policy_loss``), each as
+``pg_loss + α · positive_loss`` (reference §2):
 
 ==================  ====================================================================================
 ``gppo``            GPPO (reference §1) with β_l/β_h, dual-clip; ``klear_lib.losses.gppo_loss``
@@ -16,28 +17,49 @@ Registered into verl's policy-loss registry (``core_algos.register_policy_loss``
 ``ppo_clip_erc``    DAPO-style PPO-clip (clip-higher, dual-clip) with ERC; ``klear_lib.losses.ppo_clip_loss``
 ==================  ====================================================================================
 
-Clip ranges come from verl's actor config (``clip_ratio_low``/``clip_ratio_high``, else ``clip_ratio``;
+``positive_loss`` is ``klear_lib.losses.positive_sample_loss``: the NLL of the fully-correct responses (reward
+== ``verl_reward.FULL_SCORE``), aggregated like the policy loss. verl's own losses (``vanilla``, ``cispo``, ...)
+run untouched, without the α term.
+
+Options. Clip ranges come from verl's actor config (``clip_ratio_low``/``clip_ratio_high``, else ``clip_ratio``;
 ``clip_ratio_c``, whose verl default is 3.0 where Klear uses 10; ``loss_scale_factor``). What verl's config has no
 field for comes from the JSON in ``KLEAR_VERL_LOSS``: ``beta_low``, ``beta_high``, ``gppo_beta_scales_value``,
-``erc_low``, ``erc_high`` (the ERC variants default to the paper's config bounds 0.8 / 1.2).
+``erc_low``, ``erc_high`` (the ERC variants default to the ERC paper's config bounds 0.8 / 1.2; its training
+scripts used 0.95 / 1.05) and ``sft_alpha`` (α, default 0.1 as in Klear's script; 0 turns the term off).
 
-Aggregation. verl normalises a micro-batch's loss by global counts (tokens or sequences of the whole mini-batch
-across data-parallel ranks, ``config.global_batch_info``) so that gradients do not depend on how the batch is
-split. Our losses normalise by the micro-batch's own count; the adapter rescales the result by (our count /
-verl's count per rank), which is exact because every aggregation is linear in the per-token losses.
+Aggregation (global normalisation). verl 0.9.1 normalises every micro-batch's loss by counts of the whole
+mini-batch over all data-parallel ranks and multiplies by the DP size: ``agg_loss`` computes
+``Σ_micro ℓ / batch_num_tokens · dp_size`` for ``token-mean``, where the engine all-reduces ``batch_num_tokens``
+over the DP group before splitting the mini-batch into micro-batches; micro-batch gradients are summed and DP
+averages over ranks, so the update follows the token-mean over the global mini-batch whatever the split (the seq
+modes use ``global_batch_size`` the same way). Our losses normalise by the micro-batch's own count; the adapter
+multiplies by (our count / verl's count per rank), which is exact because every aggregation is linear in the
+per-token losses. The α term is a token-mean over the *fully-correct* responses' tokens, a count verl does not
+keep: the ``TrainingWorker.train_batch`` hook counts them in each mini-batch and all-reduces the counts over the
+DP group exactly as verl does ``batch_num_tokens``, and the α term is rescaled by them the same way.
+(Klear's own verl fork normalised both terms per micro-batch, the verl of its time; see docs/scale.md.)
 
-Entropies (the hook). verl's policy-loss signature carries no entropies, and its trainer drops the rollout
-policy's per-token entropies after logging their mean (``old_log_prob.batch.pop("entropys")`` in
-``RayPPOTrainer.fit``). ``install_entropy_hook`` (run when this module is imported) makes two small changes,
-both pinned to verl ``VERIFIED_VERL`` by ``tests/test_verl.py``:
+The hooks. verl's policy-loss signature carries no entropies and no rewards. ``install_hooks`` (run when this
+module is imported) makes small changes, each pinned to verl ``VERIFIED_VERL`` by ``tests/test_verl.py``:
 
-1. ``RayPPOTrainer._compute_old_log_prob`` also stores the entropies under ``old_entropys``, which ``fit`` does
-   not pop, so they travel with the batch to the actor;
-2. ``verl.workers.utils.losses.ppo_loss`` (the actor's loss, also bound by name in ``verl.workers.engine_workers``)
-   hands the current entropies (``model_output["entropy"]``, computed when ``actor.calculate_entropy=True``) and
-   ``old_entropys`` to the Klear loss through a context variable; verl's own losses are called as before.
+1. legacy trainer (``trainer.use_v1=False``): ``RayPPOTrainer._compute_old_log_prob`` also stores the rollout
+   policy's entropies under ``old_entropys``, which ``fit`` does not pop (it pops ``entropys`` after logging). The
+   V1 trainer (verl 0.9.1's default) keeps them itself, under ``entropy``, in the batch the actor reads;
+2. ``verl.workers.utils.losses.ppo_loss`` (the actor's loss, also bound by name in
+   ``verl.workers.engine_workers``) hands the Klear loss, through a context variable: the current entropies
+   (``model_output["entropy"]``, computed when ``actor.calculate_entropy=True``), the rollout entropies
+   (``old_entropys`` or ``entropy``), the fully-correct flags (``rm_scores`` summed over tokens == FULL_SCORE; verl
+   keeps ``rm_scores``, the reward before any KL penalty, in the actor's batch in both trainers) and the
+   mini-batch's positive counts; verl's own losses are called as before;
+3. ``verl.workers.engine_workers.TrainingWorker.train_batch`` (once per mini-batch on each rank) stores the global
+   positive counts of the mini-batch in it, when the actor's loss is a Klear loss with α > 0.
 
-A Klear ERC loss called without entropies raises (it never silently runs without ERC).
+A Klear ERC loss called without entropies raises, and so does one with α > 0 called without the fully-correct
+flags, or with verl's global counts but not the positive ones (nothing silently runs without ERC or α).
+
+Klear's group filter is verl's own ``algorithm.filter_groups`` (V1 trainer) on the ``acc`` key of
+``klear_lib.integrations.verl_reward``: the same rule, but verl refills dropped groups instead of drawing Klear's
+fixed 2x batch; docs/scale.md and scripts/verl_klear.sh give the settings and the difference.
 """
 
 from __future__ import annotations
@@ -48,27 +70,47 @@ import importlib
 import importlib.abc
 import importlib.util
 import json
+import math
 import os
 import sys
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from klear_lib import losses
+from klear_lib.integrations.verl_reward import FULL_SCORE
 
-#: The verl release the hook was written against and the tests pin.
+#: The verl release the hooks were written against and the tests pin.
 VERIFIED_VERL = "0.9.1"
 #: verl loss name -> (klear loss name, ERC on)
 LOSSES = {"gppo": ("gppo", False), "gppo_erc": ("gppo", True), "ppo_clip_erc": ("ppo_clip", True)}
 #: Environment variable holding the Klear-only options as JSON.
 OPTIONS_ENV = "KLEAR_VERL_LOSS"
-KLEAR_ONLY_KEYS = ("beta_low", "beta_high", "gppo_beta_scales_value", "erc_low", "erc_high")
+KLEAR_ONLY_KEYS = ("beta_low", "beta_high", "gppo_beta_scales_value", "erc_low", "erc_high", "sft_alpha")
 DEFAULT_ERC = (0.8, 1.2)
+#: α of the positive-sample term (Klear's script: actor.postive_loss_coeff=0.1).
+DEFAULT_SFT_ALPHA = 0.1
+#: Loss aggregations the α term supports (seq-mean-token-sum-norm divides by the padded width, which varies
+#: between micro-batches, so it has no split-invariant positive-sample version).
+POSITIVE_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+#: Non-tensor keys of the actor's mini-batch holding its global positive counts (set by the train_batch hook).
+POSITIVE_TOKENS_KEY = "klear_positive_tokens"
+POSITIVE_SEQS_KEY = "klear_positive_seqs"
 
-# (entropy, old_entropy), each (B, T), set by the hooked ppo_loss for the duration of one loss call.
-_ENTROPIES: contextvars.ContextVar[tuple[torch.Tensor | None, torch.Tensor | None]] = contextvars.ContextVar(
-    "klear_verl_entropies", default=(None, None))
+
+@dataclass(frozen=True)
+class LossInputs:
+    """What the hooked ``ppo_loss`` hands the Klear loss beyond verl's signature."""
+
+    entropy: torch.Tensor | None = None  # (B, T) current policy
+    old_entropy: torch.Tensor | None = None  # (B, T) rollout policy
+    is_positive: torch.Tensor | None = None  # (B,) bool, fully-correct responses
+    positive_totals: dict | None = None  # {"tokens", "seqs"}: fully-correct counts of the global mini-batch
+
+
+_INPUTS: contextvars.ContextVar[LossInputs] = contextvars.ContextVar("klear_verl_loss_inputs", default=LossInputs())
 
 
 def klear_options(env: dict | None = None) -> dict:
@@ -87,6 +129,14 @@ def klear_options(env: dict | None = None) -> dict:
         raise ValueError(f"{OPTIONS_ENV}: unknown key(s) {unknown}; valid: {list(KLEAR_ONLY_KEYS)} (clip ranges "
                          "come from verl's actor config)")
     return opts
+
+
+def sft_alpha(env: dict | None = None) -> float:
+    """α of the positive-sample term: ``sft_alpha`` of ``KLEAR_VERL_LOSS``, default ``DEFAULT_SFT_ALPHA``."""
+    alpha = klear_options(env).get("sft_alpha", DEFAULT_SFT_ALPHA)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (alpha >= 0 and math.isfinite(alpha)):
+        raise ValueError(f"{OPTIONS_ENV}: sft_alpha must be a finite number >= 0, got {alpha!r}")
+    return float(alpha)
 
 
 def _get(config: Any, key: str, default: Any = None) -> Any:
@@ -108,7 +158,7 @@ def klear_config(verl_config: Any, *, erc: bool, env: dict | None = None) -> los
         "clip_ratio_high": float(_get(verl_config, "clip_ratio_high", clip)),
         "clip_ratio_c": float(_get(verl_config, "clip_ratio_c", 3.0)),
         "loss_scale_factor": _get(verl_config, "loss_scale_factor", None),
-        **{k: v for k, v in opts.items() if k not in ("erc_low", "erc_high")},
+        **{k: v for k, v in opts.items() if k not in ("erc_low", "erc_high", "sft_alpha")},
     }
     if erc:
         d["erc_low"] = opts.get("erc_low", DEFAULT_ERC[0])
@@ -135,36 +185,83 @@ def _rescale(loss_mat_mask: torch.Tensor, loss_agg_mode: str, info: dict) -> flo
     return ours / theirs
 
 
+def positive_flags(rm_scores: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: the responses whose reward (``rm_scores``, (B, T), summed over tokens) is ``FULL_SCORE``."""
+    return rm_scores.sum(-1) == FULL_SCORE
+
+
+def _positive_loss(log_prob, mask, is_positive, totals, loss_agg_mode, info, name) -> torch.Tensor:
+    """α's NLL under verl's global normalisation: the micro-batch's own ``positive_sample_loss`` times (its positive
+    count / the global positive count per rank), the same rescaling as ``_rescale`` with the positive counts."""
+    if loss_agg_mode not in POSITIVE_AGG_MODES:
+        raise ValueError(f"{name}: the positive-sample term (sft_alpha > 0) supports loss_agg_mode in "
+                         f"{list(POSITIVE_AGG_MODES)}, got {loss_agg_mode!r}; set sft_alpha to 0 for this mode")
+    local = losses.positive_sample_loss(log_prob, mask, is_positive, loss_agg_mode=loss_agg_mode)
+    dp = int(info.get("dp_size") or 1)
+    if totals is None:
+        if info.get("batch_num_tokens") is not None or info.get("global_batch_size") is not None or dp > 1:
+            raise ValueError(f"{name}: verl normalises by global counts but the mini-batch carries no global count "
+                             "of fully-correct tokens: load klear_lib.integrations.verl through "
+                             "VERL_USE_EXTERNAL_MODULES in every process (its TrainingWorker.train_batch hook "
+                             "counts them)")
+        return local  # one call over the whole batch: its own count is the global one
+    pos = mask & is_positive.bool().unsqueeze(-1)  # (B, T)
+    if loss_agg_mode == "token-mean":
+        ours, total = max(int(pos.sum()), 1), totals["tokens"]
+    else:
+        ours, total = max(int((pos.sum(-1) > 0).sum()), 1), totals["seqs"]
+    return local * (ours * dp / total) if total > 0 else local * 0.0  # total 0: no positive anywhere, local is 0
+
+
 def make_verl_loss(name: str):
     """The verl-signature function registered as ``name`` (a key of ``LOSSES``)."""
     klear_name, erc = LOSSES[name]
     fn = losses.POLICY_LOSSES[klear_name]
 
     def verl_policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode: str = "token-mean",
-                         config=None, rollout_is_weights=None, *, entropy=None, old_entropy=None):
+                         config=None, rollout_is_weights=None, *, entropy=None, old_entropy=None, is_positive=None,
+                         positive_totals=None):
         if rollout_is_weights is not None:
             raise NotImplementedError(f"{name}: rollout-correction weights are not supported by the Klear losses; "
                                       "turn algorithm.rollout_correction off")
         cfg = klear_config(config, erc=erc)
+        alpha = sft_alpha()
+        extra = _INPUTS.get()
         if entropy is None and old_entropy is None:
-            entropy, old_entropy = _ENTROPIES.get()
+            entropy, old_entropy = extra.entropy, extra.old_entropy
+        if is_positive is None and positive_totals is None:
+            is_positive, positive_totals = extra.is_positive, extra.positive_totals
         if cfg.erc_enabled and (entropy is None or old_entropy is None):
             raise ValueError(f"{name}: ERC needs the current and the rollout policy's per-token entropies, and "
                              "none reached the loss: set actor_rollout_ref.actor.calculate_entropy=True and load "
                              "klear_lib.integrations.verl through VERL_USE_EXTERNAL_MODULES in every process (its "
                              "hook carries them)")
+        if alpha > 0 and is_positive is None:
+            raise ValueError(f"{name}: sft_alpha={alpha} needs the fully-correct flags, and none reached the loss "
+                             "(the hooked ppo_loss reads them from the batch's rm_scores); set sft_alpha to 0 in "
+                             f"{OPTIONS_ENV} to train without the positive-sample term")
         mask = response_mask.bool()
         loss, metrics = fn(old_log_prob, log_prob, advantages, mask, loss_agg_mode, cfg,
                            entropy=entropy, old_entropy=old_entropy)
         info = dict(_get(config, "global_batch_info", {}) or {})
-        factor = _rescale(mask, loss_agg_mode, info)
+        loss = loss * _rescale(mask, loss_agg_mode, info)
         # verl's names for the clip statistics (its dashboards read these) next to ours
         metrics = {**metrics, "actor/pg_clipfrac": metrics["actor/pg_clipfrac_low"] + metrics["actor/pg_clipfrac_high"],
                    "actor/pg_clipfrac_lower": metrics["actor/pg_clipfrac_dual"]}
-        return loss * factor, metrics
+        if alpha > 0:
+            # policy_loss = pg_loss + α · positive_loss (reference §2), both under verl's global normalisation
+            loss = loss + alpha * _positive_loss(log_prob, mask, is_positive, positive_totals, loss_agg_mode, info,
+                                                 name)
+        if is_positive is not None:  # logged at α = 0 too, so that an α sweep compares it across runs
+            with torch.no_grad():
+                pos = losses.positive_sample_loss(log_prob.detach(), mask, is_positive, loss_agg_mode="token-mean")
+            metrics["actor/positive_loss"] = float(pos)  # this micro-batch's token-mean NLL of fully-correct ones
+            metrics["klear/positive_frac"] = float(is_positive.float().mean())
+        return loss, metrics
 
     verl_policy_loss.__name__ = f"klear_{name}"
-    verl_policy_loss.__doc__ = f"verl adapter of klear_lib.losses.{fn.__name__} (ERC {'on' if erc else 'off'})."
+    verl_policy_loss.__doc__ = (f"verl adapter of klear_lib.losses.{fn.__name__} (ERC {'on' if erc else 'off'}) "
+                                "plus α · positive_sample_loss.")
     return verl_policy_loss
 
 
@@ -179,7 +276,7 @@ def register(core_algos=None) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The entropy hook
+# The hooks
 # ---------------------------------------------------------------------------------------------------------
 def _patch_compute_old_log_prob(ray_trainer) -> None:
     cls = ray_trainer.RayPPOTrainer
@@ -199,8 +296,15 @@ def _patch_compute_old_log_prob(ray_trainer) -> None:
     cls._compute_old_log_prob = _compute_old_log_prob
 
 
+def _padded(data, key: str) -> torch.Tensor | None:
+    """``data[key]`` as a padded (B, T) tensor (verl 0.9.1's V1 batches hold jagged ones), or None."""
+    if key not in data.keys():
+        return None
+    return data.select(key).to_padded_tensor()[key]
+
+
 def hooked_ppo_loss(original):
-    """``ppo_loss`` that makes the entropies visible to the Klear losses for the duration of the call."""
+    """``ppo_loss`` that makes ``LossInputs`` visible to the Klear losses for the duration of the call."""
     if getattr(original, "_klear_hooked", False):
         return original
 
@@ -209,27 +313,85 @@ def hooked_ppo_loss(original):
         mode = _get(_get(config, "policy_loss", {}), "loss_mode", "vanilla")
         if mode not in LOSSES:
             return original(config, model_output, data, dp_group)
+        from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import no_padding_2_padding
 
         entropy = model_output.get("entropy", None)
         if entropy is not None:
             entropy = no_padding_2_padding(entropy, data)  # (B, T), as ppo_loss does for log-probs
-        old_entropy = None
-        if "old_entropys" in data.keys():
-            old_entropy = data.select("old_entropys").to_padded_tensor()["old_entropys"]  # (B, T)
-        token = _ENTROPIES.set((entropy, old_entropy))
+        # the rollout policy's entropies: legacy trainer (our copy) or V1 trainer (its own field)
+        old_entropy = _padded(data, "old_entropys")
+        if old_entropy is None:
+            old_entropy = _padded(data, "entropy")
+        rm_scores = _padded(data, "rm_scores")  # (B, T)
+        tokens = tu.get_non_tensor_data(data, POSITIVE_TOKENS_KEY, None)
+        seqs = tu.get_non_tensor_data(data, POSITIVE_SEQS_KEY, None)
+        token = _INPUTS.set(LossInputs(
+            entropy=entropy, old_entropy=old_entropy,
+            is_positive=None if rm_scores is None else positive_flags(rm_scores),
+            positive_totals=None if tokens is None else {"tokens": int(tokens), "seqs": int(seqs)}))
         try:
             return original(config, model_output, data, dp_group)
         finally:
-            _ENTROPIES.reset(token)
+            _INPUTS.reset(token)
 
     ppo_loss._klear_hooked = True
     return ppo_loss
 
 
+def positive_totals(data, dp_group=None) -> dict:
+    """Fully-correct response tokens and sequences of a mini-batch (a TensorDict with ``rm_scores`` and
+    ``response_mask``), summed over the data-parallel group when torch.distributed is initialised (as verl's engines
+    sum ``batch_num_tokens``)."""
+    if "rm_scores" not in data.keys():
+        raise ValueError("the positive-sample term needs rm_scores (the per-token reward) in the actor's batch; it "
+                         f"is missing: set sft_alpha to 0 in {OPTIONS_ENV} or use a rule-based reward")
+    padded = data.select("rm_scores", "response_mask").to_padded_tensor()
+    pos = positive_flags(padded["rm_scores"])  # (B,)
+    n_tok = padded["response_mask"].bool().sum(-1)  # (B,)
+    counts = torch.stack([n_tok[pos].sum(), (pos & (n_tok > 0)).sum()]).to(torch.int64)  # (2,)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        from verl.utils.device import get_device_id
+
+        counts = counts.to(get_device_id())
+        torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.SUM, group=dp_group)
+    return {"tokens": int(counts[0]), "seqs": int(counts[1])}
+
+
+def _counts_positives(loss_fn) -> bool:
+    """Whether a worker's loss (``partial(ppo_loss, config=actor_config)``) is a Klear loss with α > 0. The same on
+    every rank (same config and environment), so either all ranks enter the all-reduce or none."""
+    config = (getattr(loss_fn, "keywords", None) or {}).get("config")
+    return _get(_get(config, "policy_loss", {}), "loss_mode", None) in LOSSES and sft_alpha() > 0
+
+
+def hooked_train_batch(original):
+    """``TrainingWorker.train_batch`` that first stores the mini-batch's global positive counts in it."""
+    if getattr(original, "_klear_hooked", False):
+        return original
+
+    @functools.wraps(original)  # keeps verl's dispatch attributes (``@register``)
+    def train_batch(self, data, *args, **kwargs):
+        if _counts_positives(getattr(self, "loss_fn", None)):
+            from verl.utils import tensordict_utils as tu
+
+            totals = positive_totals(data, self.engine.get_data_parallel_group())
+            tu.assign_non_tensor(data, **{POSITIVE_TOKENS_KEY: totals["tokens"], POSITIVE_SEQS_KEY: totals["seqs"]})
+        return original(self, data, *args, **kwargs)
+
+    train_batch._klear_hooked = True
+    return train_batch
+
+
 def _patch_losses_module(module) -> None:
     if hasattr(module, "ppo_loss"):
         module.ppo_loss = hooked_ppo_loss(module.ppo_loss)
+
+
+def _patch_engine_workers(module) -> None:
+    _patch_losses_module(module)
+    if hasattr(module, "TrainingWorker"):
+        module.TrainingWorker.train_batch = hooked_train_batch(module.TrainingWorker.train_batch)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -267,10 +429,10 @@ def _when_imported(name: str, patch) -> None:
         sys.meta_path.insert(0, _AfterImport(name, patch))
 
 
-def install_entropy_hook() -> None:
-    """Install both patches of the module docstring (now for loaded modules, on import for the others)."""
+def install_hooks() -> None:
+    """Install the patches of the module docstring (now for loaded modules, on import for the others)."""
     _when_imported("verl.workers.utils.losses", _patch_losses_module)
-    _when_imported("verl.workers.engine_workers", _patch_losses_module)
+    _when_imported("verl.workers.engine_workers", _patch_engine_workers)
     _when_imported("verl.trainer.distillation.losses", _patch_losses_module)
     _when_imported("verl.trainer.ppo.ray_trainer", _patch_compute_old_log_prob)
 
@@ -283,7 +445,7 @@ def _load() -> None:
         warnings.warn(f"klear_lib.integrations.verl was written against verl {VERIFIED_VERL}; this is verl "
                       f"{version}: run tests/test_verl.py before trusting ERC runs", stacklevel=2)
     register()
-    install_entropy_hook()
+    install_hooks()
 
 
 if importlib.util.find_spec("verl") is not None:

@@ -4,25 +4,89 @@
 ``klear_lib.rewards.math.score_math`` (Klear's released format rule and ±1 scores) and code with
 ``klear_lib.rewards.code.score_code`` in the bubblewrap sandbox (``soft``: the fraction of tests passed;
 ``KLEAR_CODE_REWARD=hard`` or ``signed`` for the other modes). Code ground truths are the records' JSON strings
-of tests. math-verify's timeouts need the process's main thread: verl's reward workers call the function there;
-called from another thread, ``score_math`` raises instead of grading without a timeout.
+of tests.
+
+It returns ``{"score": s, "acc": 1.0 if s == FULL_SCORE else 0.0}``. verl 0.9.1's reward loop puts ``score`` into
+``rm_scores`` (the reward) and every key of the dict into the trajectory's ``reward_extra_info``, which is what
+``algorithm.filter_groups.metric`` names. So ``metric=acc`` is Klear's group filter (keep a group iff its
+fully-correct indicator varies, ``klear_lib.advantages.zero_advantage_group_mask(rule="klear")``) and
+``metric=score`` is DAPO's (keep a group iff its rewards vary, ``rule="dapo"``). Klear's own script names the same
+metric ``acc``. A float return value would make verl set ``acc = score`` itself, i.e. DAPO's rule under Klear's
+name: the dict is what makes ``acc`` mean "fully correct".
+
+Threads. math-verify's timeouts use SIGALRM, which works only in a process's main thread, and verl 0.9.1's reward
+loop calls a synchronous ``compute_score`` from a thread pool (``loop.run_in_executor(None, ...)`` in its reward
+managers). Outside the main thread, math is therefore graded in a small process pool
+(``klear_lib.rewards.pool.RewardPool``: 2 spawned workers per reward process, 10 s per item, a timeout or crash
+scores ``wrong_score`` −1); in the main thread it is graded in place. Code runs in sandboxed subprocesses and is
+graded in the calling thread either way.
+
+The module imports nothing heavy at load time: ``klear_lib.integrations.verl`` (loaded in every verl process)
+imports ``FULL_SCORE`` from it.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import threading
 
-from klear_lib.data.hub import is_code_record
+#: The reward of a fully-correct response: the maximum of Klear's math (±1) and code rewards (soft k/n, hard 0/1,
+#: signed 2k/n − 1); the loss's positive-sample term uses the same definition (klear_lib.integrations.verl).
+FULL_SCORE = 1.0
+#: Worker processes and per-item limit of the math pool used off the main thread.
+MATH_POOL_WORKERS = 2
+MATH_POOL_TIMEOUT_S = 10.0
+
+_pool = None
+_pool_lock = threading.Lock()
 
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
+def is_fully_correct(score: float) -> bool:
+    """Klear's "fully correct": the reward equals ``FULL_SCORE`` exactly (reference §2)."""
+    return float(score) == FULL_SCORE
+
+
+def _math_pool():
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            from klear_lib.rewards.math import MathRewardOptions, score_math
+            from klear_lib.rewards.pool import RewardPool
+
+            _pool = RewardPool(score_math, workers=MATH_POOL_WORKERS, timeout_s=MATH_POOL_TIMEOUT_S,
+                               failure_score=MathRewardOptions().wrong_score)
+            atexit.register(close_pool)
+        return _pool
+
+
+def close_pool() -> None:
+    """Stop the math pool's workers (if one was started); a later call off the main thread starts a new one."""
+    global _pool
+    with _pool_lock:
+        pool, _pool = _pool, None
+    if pool is not None:
+        pool.close(wait=False)
+
+
+def _score(data_source, solution_str, ground_truth, extra_info) -> float:
+    from klear_lib.data.hub import is_code_record  # here, not at the top: the loss module imports FULL_SCORE
+
     ability = (extra_info or {}).get("ability", "") if isinstance(extra_info, dict) else ""
     if is_code_record(str(data_source), str(ability)):
         from klear_lib.rewards.code import score_code
 
         tests = json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
         return score_code(solution_str, tests, mode=os.environ.get("KLEAR_CODE_REWARD", "soft")).score
-    from klear_lib.rewards.math import score_math
+    if threading.current_thread() is threading.main_thread():
+        from klear_lib.rewards.math import score_math
 
-    return score_math(solution_str, str(ground_truth)).score
+        return score_math(solution_str, str(ground_truth)).score
+    return _math_pool().score(response=solution_str, gold=str(ground_truth)).score
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
+    """verl's ``compute_score``: ``{"score": reward, "acc": 1.0 iff the reward is FULL_SCORE}`` (module doc)."""
+    score = float(_score(data_source, solution_str, ground_truth, extra_info))
+    return {"score": score, "acc": 1.0 if is_fully_correct(score) else 0.0}
