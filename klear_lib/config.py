@@ -113,7 +113,7 @@ class RLExperimentConfig(TaskModelConfig):
     """I.i.d. per-step error rate of the synthetic SFT teacher (0: errors only on the fork facts). I.i.d. errors
     leave the student's most likely digit right everywhere, so RL evaluated at T 0.6 has nothing to build."""
     fork_facts: str = DEFAULT_FORK_FACTS
-    """The facts the SFT teacher gets systematically wrong, ``VALUE+ADDEND=WRONG`` comma-separated (``tasks.ForkFact``;
+    """The facts the SFT teacher gets systematically wrong, ``VALUE+ADDEND->WRONG`` comma-separated (``tasks.ForkFact``;
     empty: none). After SFT the student's mode on them is wrong: RL must move it."""
     fork_wrong_rate: float = 0.8
     """How often the SFT teacher writes a fork fact's wrong result (the student starts near p(right) = 1 - this)."""

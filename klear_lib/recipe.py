@@ -23,8 +23,9 @@ class KlearLossConfig:
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     """Clip range, dual-clip, GPPO β and ERC bounds."""
     loss_agg_mode: str = "token-mean"
-    """Loss normalisation (Klear: token-mean). With several processes, token-mean is over the global mini-batch
-    (every process's response tokens), as verl does; see docs/design.md."""
+    """Loss normalisation (Klear: token-mean). With several processes, each token-mean (the policy loss over every
+    response token, the positive-sample NLL over the fully-correct responses' tokens) is over the global
+    mini-batch, as in the verl path; see docs/scale.md, "Token-mean normalisation"."""
     adv_std: str = "unbiased"
     """GRPO std: ``unbiased`` (Klear's code, N-1), ``population`` (the paper, N) or ``none`` (Dr. GRPO)."""
     adv_eps: float = 1e-6

@@ -328,7 +328,7 @@ def test_random_stop_control_keeps_the_value_and_drops_the_drawn_tokens_gradient
 
 def test_fork_token_mask_marks_the_result_digit_of_fork_steps(tiny):
     _, tok, _ = tiny
-    facts = tasks.parse_fork_facts("2+3=6")
+    facts = tasks.parse_fork_facts("2+3->6")
     text = "<think>\n1 + 1 = 2\n2 + 3 = 6\n6 + 1 = 7\n</think>\n\\boxed{7}"
     ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"] + [tok.pad_token_id] * 3])
     mask = torch.ones_like(ids)

@@ -129,7 +129,7 @@ def test_teacher_programs_pass_in_the_sandbox_and_one_wrong_branch_passes_half()
 
 # -- the fork facts: systematic teacher errors of the RL stand-in ----------------------------------------------
 def test_fork_teacher_writes_the_fixed_wrong_result_at_its_rate_and_is_right_elsewhere():
-    facts = tasks.parse_fork_facts("2+3=6,7+2=8")
+    facts = tasks.parse_fork_facts("2+3->6,7+2->8")
     rng = random.Random(0)
     seen = {"2+3": [], "7+2": [], "other_wrong": 0, "other": 0}
     for _ in range(4000):
@@ -152,13 +152,13 @@ def test_fork_teacher_writes_the_fixed_wrong_result_at_its_rate_and_is_right_els
 
 
 def test_fork_steps_follow_the_correct_chain():
-    facts = tasks.parse_fork_facts("2+3=6,5+1=7")
-    p = tasks.Problem("", 7, 3, (1, 1, 3, 1, 1))  # 1+1=2, 2+3=5 (fork), 5+1=6 (fork), 6+1=7
+    facts = tasks.parse_fork_facts("2+3->6,5+1->7")
+    p = tasks.Problem("", 7, 3, (1, 1, 3, 1, 1))  # 1+1->2, 2+3->5 (fork), 5+1->6 (fork), 6+1->7
     assert tasks.fork_steps(p, facts) == [1, 2] and tasks.is_fork_problem(p, facts)
     assert not tasks.is_fork_problem(tasks.Problem("", 3, 1, (1, 2)), facts)
     assert tasks.parse_fork_facts("") == ()
     with pytest.raises(ValueError, match="listed twice"):
-        tasks.parse_fork_facts("2+3=6,2+3=7")
+        tasks.parse_fork_facts("2+3->6,2+3->7")
 
 
 def test_fork_probe_is_the_next_token_probability_of_the_right_and_wrong_digit():
@@ -170,7 +170,7 @@ def test_fork_probe_is_the_next_token_probability_of_the_right_and_wrong_digit()
     model = models.build_tiny_model(tok, models.TinyModelSpec(hidden_size=32, num_hidden_layers=1,
                                                               num_attention_heads=2, num_key_value_heads=1,
                                                               intermediate_size=64), seed=3)
-    facts = tasks.parse_fork_facts("2+3=6,9+3=1")
+    facts = tasks.parse_fork_facts("2+3->6,9+3->1")
     got = fork_probe(model, tok, facts)
     right, wrong = [], []
     for problem, prefix, fact in tasks.fork_probe_prefixes(facts):

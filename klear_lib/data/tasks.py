@@ -98,22 +98,22 @@ class ForkFact:
         return (self.value + self.addend) % MODULUS
 
     def __str__(self) -> str:
-        return f"{self.value}+{self.addend}={self.wrong}"
+        return f"{self.value}+{self.addend}->{self.wrong}"
 
 
 # Four of the 30 facts (value 0..9, addend 1..MAX_STEP); the wrong result is one off, as a plausible slip.
-DEFAULT_FORK_FACTS = "2+3=6,5+1=7,7+2=8,9+3=1"
+DEFAULT_FORK_FACTS = "2+3->6,5+1->7,7+2->8,9+3->1"
 
 
 def parse_fork_facts(text: str) -> tuple[ForkFact, ...]:
-    """``"2+3=6,5+1=7"`` -> the facts (value + addend written as the wrong result); an empty string: none."""
+    """``"2+3->6,5+1->7"`` -> the facts (value + addend written as the wrong result); an empty string: none."""
     facts = []
     for item in (s.strip() for s in text.split(",")):
         if not item:
             continue
-        m = re.fullmatch(r"(\d)\+(\d)=(\d)", item)
+        m = re.fullmatch(r"(\d)\+(\d)->(\d)", item)
         if not m:
-            raise ValueError(f"fork fact {item!r}: expected VALUE+ADDEND=WRONG with single digits, e.g. '2+3=6'")
+            raise ValueError(f"fork fact {item!r}: expected VALUE+ADDEND->WRONG with single digits, e.g. '2+3->6'")
         fact = ForkFact(*map(int, m.groups()))
         if not 1 <= fact.addend <= MAX_STEP:
             raise ValueError(f"fork fact {item!r}: the addend must be in 1..{MAX_STEP} (the task's addends)")

@@ -399,15 +399,19 @@ class KlearGRPOTrainer(GRPOTrainer):
         # policy_loss = pg_loss + α · positive_loss (reference section 2). The NLL is logged at α = 0 too, so that
         # an α sweep compares it across runs; it joins the graph only when α > 0.
         pos = positive_sample_loss(log_prob, mask, inputs["klear_positive"], loss_agg_mode=k.loss_agg_mode)
-        if k.sft_alpha > 0:
-            loss = loss + k.sft_alpha * pos
         world = self.accelerator.num_processes
+        pos_term = pos
         if world > 1 and k.loss_agg_mode == "token-mean":
-            # Each process divided by its own token count and DDP averages over processes; rescale so that the
-            # average is the token-mean over the global mini-batch (verl's normalisation).
-            local = mask.sum().detach()
-            total = self.accelerator.reduce(local.clone(), reduction="sum")
-            loss = loss * local.clamp(min=1) * world / total.clamp(min=1)
+            # Each process divided by its own token counts and DDP averages over processes; rescale each term so
+            # that the average is its token-mean over the global mini-batch (verl's normalisation): the policy loss
+            # over every response token, the positive-sample NLL over the fully-correct responses' tokens.
+            pos_mask = mask * inputs["klear_positive"].to(mask.dtype).unsqueeze(1)
+            counts = torch.stack([mask.sum(), pos_mask.sum()]).detach()  # (2,) local tokens, local positive tokens
+            totals = self.accelerator.reduce(counts.clone(), reduction="sum")
+            scale = counts.clamp(min=1) * world / totals.clamp(min=1)
+            loss, pos_term = loss * scale[0], pos * scale[1]
+        if k.sft_alpha > 0:
+            loss = loss + k.sft_alpha * pos_term
         m = self._metrics[mode]
         m["actor/positive_loss"].append(pos.item())
         m["klear/positive_frac"].append(inputs["klear_positive"].float().mean().item())
