@@ -44,7 +44,8 @@
 # Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
 variants = "ppo_clip,cispo,gppo,gppo_beta_low_0.5"
-lrs = "5e-5,1e-4"                              # two learning rates: a GPPO win must not be a bigger step alone
+lrs = "5e-5,1e-4"                              # every arm runs at the first; ...
+lr_variants = "ppo_clip,gppo"                  # ... these also at the others: a GPPO win must not be a bigger step alone
 seeds = "0,1,2,3"
 model = "tiny"
 n_train = 6000
@@ -56,8 +57,8 @@ sft_batch_size = 32
 fork_facts = "2+3->6,5+1->7,7+2->8,9+3->1"        # the SFT teacher writes these wrong ...
 fork_wrong_rate = 0.8                          # ... this often
 rollouts = 6
-rollout_prompts = 16                           # prompts trained on per rollout (Klear 128) ...
-mini_batch_prompts = 1                         # ... per optimizer step (Klear 16): 16 updates per rollout
+rollout_prompts = 8                            # prompts trained on per rollout (Klear 128) ...
+mini_batch_prompts = 1                         # ... per optimizer step (Klear 16): 8 updates per rollout, as Klear's
 oversample_factor = 2.0                        # prompts generated per rollout / rollout_prompts (Klear 2)
 max_gen_batches = 1                            # generation batches a rollout may draw to fill its prompts
 num_generations = 8
@@ -101,6 +102,9 @@ arm_list = notebook.parse_list(variants, "variants", allowed=ARMS)
 if "ppo_clip" not in arm_list:
     raise ValueError(f"variants = {variants!r}: ppo_clip is the baseline every claim compares against")
 lr_list = notebook.parse_list(lrs, "lrs", float)
+lr_arms = notebook.parse_list(lr_variants, "lr_variants", allowed=arm_list)
+if len(lr_list) > 1 and not {"ppo_clip", "gppo"} <= set(lr_arms) and "gppo" in arm_list:
+    raise ValueError(f"lr_variants = {lr_variants!r}: the learning-rate control needs ppo_clip and gppo at every lr")
 seed_list = notebook.parse_list(seeds, "seeds", int)
 base = RLExperimentConfig.from_params(dict(
     model=model, n_train=n_train, n_heldout=n_heldout, levels=levels, sft_lr=sft_lr, sft_epochs=sft_epochs,
@@ -111,14 +115,16 @@ base = RLExperimentConfig.from_params(dict(
     eval_every=eval_every, eval_n=eval_n, eval_temperature=eval_temperature, use_vllm=use_vllm, use_cpu=use_cpu,
     bf16=bf16,
 ))
-configs = {(a, lr): base.replace(**ARMS[a], rl_lr=lr) for a in arm_list for lr in lr_list}  # validates each arm
+# (arm, lr) pairs: every arm at the first learning rate, the lr_variants at the others too
+pairs = [(a, lr) for i, lr in enumerate(lr_list) for a in arm_list if i == 0 or a in lr_arms]
+configs = {(a, lr): base.replace(**ARMS[a], rl_lr=lr) for a, lr in pairs}  # validates each arm
 run_path = notebook.start_run("03_rl_clip_variants", run_dir, {
-    "base": base, "arms": {a: ARMS[a] for a in arm_list}, "lrs": lr_list, "seeds": seed_list,
+    "base": base, "arms": {a: ARMS[a] for a in arm_list}, "lrs": lr_list, "lr_arms": lr_arms, "seeds": seed_list,
     "fork_threshold": fork_threshold, "control_rollouts": control_rollouts, "panel_seeds": panel_seeds,
     "panel_groups": panel_groups, "workers": workers})
 print(f"run dir: {run_path}")
-print(f"{len(arm_list)} arms x {len(lr_list)} learning rates x {len(seed_list)} seeds; {base.rollouts} rollouts of up "
-      f"to {base.updates_per_rollout} updates each")
+print(f"{len(pairs)} arm x learning-rate pairs x {len(seed_list)} seeds; {base.rollouts} rollouts of up to "
+      f"{base.updates_per_rollout} updates each")
 
 # %% [markdown]
 # ## The gradient each loss gives, and the mechanism alone
@@ -224,7 +230,7 @@ assert control_probe_spread < 1e-5 and control_eval_spread == 0, "on-policy runs
 # %%
 jobs = [experiment.Job(f"{a}/lr={lr:g}/seed={s}", "klear_lib.train.rl_jobs:rl_unit", {
     "config": {**vars(configs[(a, lr)].replace(seed=s))}, "start": str(ws.sft_dir),
-    "tags": {"variant": a, "lr": lr, "seed": s}}) for lr in lr_list for a in arm_list for s in seed_list]
+    "tags": {"variant": a, "lr": lr, "seed": s}}) for a, lr in pairs for s in seed_list]
 clock = time.perf_counter()
 results = experiment.run_jobs(jobs, run_path, workers=workers)
 print(f"{len(jobs)} runs in {time.perf_counter() - clock:.0f}s")
@@ -293,7 +299,7 @@ def by_seed(arm, lr, col):
 
 claim_list = []
 for lr in lr_list:
-    if "gppo" in arm_list:
+    if "gppo" in arm_list and (lr == lr_list[0] or "gppo" in lr_arms):
         claim_list.append(claims.paired_claim(
             f"gppo_vs_dapo.auc_fork.lr={lr:g}", "GPPO learns faster than DAPO's clip-higher",
             "Klear-Reasoner §2.3, Fig. 3", f"area under the held-out fork-problem curve, gppo - ppo_clip, lr {lr:g}",
@@ -304,7 +310,7 @@ for lr in lr_list:
             f"rollouts until fork-problem accuracy ≥ {fork_threshold}, gppo - ppo_clip, lr {lr:g}",
             by_seed("gppo", lr, "rollouts_to_threshold"), by_seed("ppo_clip", lr, "rollouts_to_threshold"),
             direction=-1))
-    if "gppo" in arm_list and "gppo_beta_low_0.5" in arm_list:
+    if {"gppo", "gppo_beta_low_0.5"} <= set(arm_list) and (lr == lr_list[0] or "gppo_beta_low_0.5" in lr_arms):
         claim_list.append(claims.paired_claim(
             f"ce_gppo_entropy.lr={lr:g}", "β_l < 1 keeps entropy higher than GPPO's β_l = 1",
             "CE-GPPO (a follow-up of Klear-Reasoner)", f"mean token entropy over the run, β_l 0.5 - β_l 1, lr {lr:g}",
@@ -358,8 +364,7 @@ notebook.write_summary(run_path, summary)
 # NBVAL_CHECK_OUTPUT
 # Invariants of the run, printed in a form that is the same on every machine and preset (nbval compares it).
 print("run-dir contract complete:", not runs.check_run_dir(run_path))
-print("every requested arm, learning rate and seed ran:",
-      len(per_run) == len(arm_list) * len(lr_list) * len(seed_list))
+print("every requested arm, learning rate and seed ran:", len(per_run) == len(pairs) * len(seed_list))
 print("on-policy control: every loss gave the same run:", control_probe_spread < 1e-5 and control_eval_spread == 0)
 first = df[(df["rollout"] == 1) & df["reward"].notna()].groupby(["lr", "seed"])["reward"].nunique()
 print("every arm saw the same first rollout at each seed:", bool((first == 1).all()))
