@@ -7,6 +7,8 @@ Rule (reference §5, "Rewards / Math"):
    format so that every completion of such a prompt gets the same ``gold_error_score`` (−1 by default, the
    pool's failure score). GRPO normalises rewards within a prompt's group, so a constant score gives that prompt
    zero advantage whatever its value: bad data teaches nothing instead of teaching "skip the format".
+   (A departure: neither the paper nor the released code has this rule; there such a gold answer scores every
+   completion by its format, and a well-formatted one −1.)
 1. Format. The released code (Kwai-Klear ``math_dapo.compute_score(..., is_longcot=True)``) checks, in this
    order: no ``</think>`` → −0.5; else no ``<think>`` → −2.0. The paper only says the format is required;
    ``format_rule="paper"`` reads that as "a format failure is a wrong answer" (−1). ``format_rule="none"``
