@@ -1,6 +1,7 @@
 """Loaders of real data (klear_lib/data/hub.py): fixtures written in the real schemas by the module's own row
-builders, loaded through `datasets` from JSONL, Parquet and save_to_disk directories; exact mapped values and
-every schema error's message (dataset, row, field, expectation). Nothing is downloaded."""
+builders, loaded from JSONL (json module, line by line), Parquet and save_to_disk directories (`datasets`); exact
+mapped values, every schema error's message (dataset, row, field, expectation), every malformed record named by
+file and line (or rows), and the memory a large JSONL file costs. Nothing is downloaded."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import json  # noqa: E402
 import re  # noqa: E402
+import tracemalloc  # noqa: E402
 
 import datasets  # noqa: E402
 import pytest  # noqa: E402
@@ -365,8 +367,8 @@ def test_eval_rows_of_both_schemas_in_one_file_and_integer_answers(tmp_path, cac
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".json"])
 def test_mixed_type_json_column_keeps_values_as_written(tmp_path, cache, suffix):
-    # datasets gives a column with str and int values its Json type and decodes "070" to 70; the loader
-    # re-reads such a local file with json, so "070" stays "070" (a .json file may hold one JSON list).
+    # datasets gives a column with str and int values its Json type and decodes "070" to 70; the loader reads
+    # local JSON with the json module, so "070" stays "070" (a .json file may hold one JSON list).
     rows = [aime_row("a0", "P0.", "070"), {**aime_row("a1", "P1.", "0"), "meta": {
         "unique_id": "a1", "problem": "P1.", "solution": "12", "answer": 12}}]
     path = tmp_path / f"mixed{suffix}"
@@ -393,3 +395,119 @@ def test_eval_schema_errors(tmp_path, cache):
                 "parquet", "hmmt_no_answer")
     with pytest.raises(SchemaError, match=error_at(path, 0, "answer") + " is missing or null"):
         load_eval_problems(path, cache_dir=cache)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Malformed records: named by file and line (JSONL) or rows (Parquet), never datasets' generic error
+# ---------------------------------------------------------------------------------------------------------
+GOOD = json.dumps(klear_rl_row("What is 1+1?", "2"))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (b'{"data_source": "x", "prompt": [', ("malformed JSON (Expecting value at column 33): "
+                                           "'{\"data_source\": \"x\", \"prompt\": ['")),
+    (b'{"data_source": "caf\xe9"}', ("invalid UTF-8 (byte 0xe9 at byte 21 of the line): "
+                                    "b'{\"data_source\": \"caf\\xe9\"}'")),
+    (b"null", "must be a JSON object, got null (None)"),
+    (b"[1, 2]", "must be a JSON object, got array ([1, 2])"),
+    (b"5", "must be a JSON object, got number (5)"),
+    (b'"a string"', "must be a JSON object, got string ('a string')"),
+    (GOOD.encode() + b" " + GOOD.encode(), "malformed JSON (Extra data at column "),  # two records on one line
+])
+def test_malformed_jsonl_record_is_named_by_file_and_line(tmp_path, cache, bad, message):
+    path = tmp_path / "rl.jsonl"
+    # line 4 is the bad one: the blank line 3 counts as a line, not as a row
+    path.write_bytes(b"\n".join([GOOD.encode(), GOOD.encode(), b"", bad, GOOD.encode()]) + b"\n")
+    with pytest.raises(SchemaError) as e:
+        load_klear_rl(path, cache_dir=cache)
+    assert str(e.value).startswith(f"{path} line 4: {message}")
+
+
+@pytest.mark.parametrize("text, message", [
+    (f"[{json.dumps(hmmt_row(1, 'P.', '2'))},\n 7]", "row 1: must be a JSON object, got number (7)"),
+    ('[{"id": 1},\n {"id": ]', "line 2: malformed JSON (Expecting value at column 9)"),
+    ('{\n  "id": 1,\n  "answer" 2\n}', "line 3: malformed JSON (Expecting ':' delimiter at column 12)"),
+])
+def test_malformed_json_document_is_named_by_line_or_row(tmp_path, cache, text, message):
+    path = tmp_path / "doc.json"
+    path.write_text(text)
+    with pytest.raises(SchemaError, match=re.escape(f"{path} {message}")):
+        load_eval_problems(path, cache_dir=cache)
+
+
+def test_json_documents_still_load(tmp_path, cache):
+    """A .json file may hold one list of rows, or one row pretty-printed over several lines (as datasets reads)."""
+    row = hmmt_row(3, HMMT_PROBLEM, "42")
+    listed, pretty = tmp_path / "list.json", tmp_path / "one.json"
+    listed.write_text(json.dumps([row, row]))
+    pretty.write_text(json.dumps(row, indent=2))
+    problem = EvalProblem("3", HMMT_PROBLEM, "42", 0)
+    assert load_eval_problems(listed, cache_dir=cache) == [problem, EvalProblem("3", HMMT_PROBLEM, "42", 1)]
+    assert load_eval_problems(pretty, cache_dir=cache) == [problem]
+    bom = tmp_path / "bom.jsonl"  # a UTF-8 byte-order mark before the first line is not an error
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps(row).encode() + b"\n")
+    assert load_eval_problems(bom, cache_dir=cache) == [problem]
+
+
+@pytest.mark.parametrize("content, why", [
+    (b"", "Parquet file size is 0 bytes"),
+    (b"garbage", "Parquet file size is 7 bytes, smaller than the minimum file footer (8 bytes)"),
+])
+def test_broken_parquet_file_is_named(tmp_path, cache, content, why):
+    path = tmp_path / "rl.parquet"
+    path.write_bytes(content)
+    with pytest.raises(SchemaError, match=re.escape(f"{path}: not a readable Parquet file ({why})")):
+        load_klear_rl(path, cache_dir=cache)
+
+
+def test_damaged_parquet_row_group_is_named_by_its_rows(tmp_path, cache):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "rl.parquet"
+    pq.write_table(pa.Table.from_pylist([klear_rl_row(f"problem {i}", str(i)) for i in range(6)]), path,
+                   row_group_size=2, compression="snappy")
+    column = pq.ParquetFile(path).metadata.row_group(1).column(0)  # rows 2-3
+    data = bytearray(path.read_bytes())
+    start = column.data_page_offset + 4
+    data[start:column.data_page_offset + column.total_compressed_size] = b"\xab" * (
+        column.total_compressed_size - 4)  # the page's contents overwritten, the footer intact
+    path.write_bytes(bytes(data))
+    with pytest.raises(SchemaError, match=re.escape(f"{path} rows 2-3 (row group 1): cannot be read (")):
+        load_klear_rl(path, cache_dir=cache)
+
+
+def test_malformed_file_in_a_directory_is_named(tmp_path, cache):
+    folder = tmp_path / "data"
+    write_jsonl([klear_rl_row("q", "1")] * 3, folder / "train.jsonl")
+    with (folder / "train.jsonl").open("ab") as f:
+        f.write(b'{"data_source": \n')
+    with pytest.raises(SchemaError, match=re.escape(f"{folder}/train.jsonl line 4: malformed JSON")):
+        load_klear_rl(folder, cache_dir=cache)
+
+
+def test_single_file_has_only_the_train_split(tmp_path, cache):
+    path = write_jsonl([klear_rl_row("q", "1")], tmp_path / "rl.jsonl")
+    with pytest.raises(ValueError, match=re.escape("a single data file has one split, 'train'; got split 'test'")):
+        load_klear_rl(path, split="test", cache_dir=cache)
+
+
+def test_large_jsonl_is_read_without_holding_it_twice(tmp_path, cache):
+    """A ~30 MB JSONL file through a loader: the peak of Python allocations stays below 2x the file (the
+    samples themselves are ~1.2x; reading the whole text, then its lines, then the rows was ~4x). Mixed-type
+    difficulty values (int and str), the case that made datasets lose the types."""
+    path = tmp_path / "big.jsonl"
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(30_000):
+            f.write(json.dumps(messages_row(f"problem {i} " + "x" * 200, "<think>" + "y" * 800 + f"</think> {i}",
+                                            difficulty=i if i % 2 else str(i))) + "\n")
+    size = path.stat().st_size
+    assert size > 25 * 2**20
+    tracemalloc.start()
+    try:
+        samples = load_chat(path, cache_dir=cache)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(samples) == 30_000 and samples[7].difficulty == "7" and samples[8].difficulty == "8"
+    assert peak < 2 * size, f"peak {peak / 2**20:.1f} MiB for a {size / 2**20:.1f} MiB file"

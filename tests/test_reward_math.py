@@ -27,8 +27,8 @@ ANSWER = "<think>Let me work it out.</think>\nThe final answer is "
     ("<think>it is 7</think>", "7", -1.0, "no_answer"),  # nothing after </think>
     ("<think>it is 7</think> I hope this helps!", "7", -1.0, "no_answer"),
     ("<think>it is 7</think> \\boxed{\\frac{1}{", "7", -1.0, "parse_error"),  # malformed LaTeX
-    ("<think>x</think> \\boxed{7}", "\\frac{1}{", -1.0, "gold_parse_error"),  # malformed gold
-    ("<think>x</think> \\boxed{7}", "", -1.0, "gold_parse_error"),
+    ("<think>x</think> \\boxed{7}", "\\frac{1}{", -1.0, "gold_error"),  # malformed gold
+    ("<think>x</think> \\boxed{7}", "", -1.0, "gold_error"),
 ])
 def test_released_rule_reasons(response, gold, score, reason):
     r = score_math(response, gold)
@@ -112,6 +112,32 @@ def _capture(fn, *args):
     except Exception as e:  # noqa: BLE001
         return e
     return None
+
+
+@pytest.mark.parametrize("gold, detail", [
+    (None, "gold answer is None"),
+    (float("nan"), "gold answer is nan (a missing value)"),  # what a data frame holds for a missing value
+    ("", "gold answer is blank"),
+    ("  \n", "gold answer is blank"),
+    (["3"], "gold answer is list (['3']), expected str or a number"),
+    (True, "gold answer is bool (True), expected str or a number"),
+    ("\\frac{1}{", "math-verify finds no math expression in gold \\frac{1}{"),  # parses only as raw text
+    ("$", "math-verify finds no math expression in gold $"),  # parses to nothing
+])
+def test_missing_or_unparsable_gold_is_gold_error_not_wrong(gold, detail):
+    r = score_math("<think>x</think> \\boxed{7}", gold)
+    assert r == RewardResult(-1.0, "gold_error", detail=detail)
+
+
+def test_gold_error_comes_before_the_format_and_has_its_own_score():
+    """Every completion of a prompt with a bad gold gets the same score, format failures included: under GRPO's
+    group normalisation that prompt then has zero advantage (bad data teaches nothing)."""
+    responses = ["<think>x</think> \\boxed{7}", "<think>no close \\boxed{7}", "no open</think> 7", ""]
+    assert {score_math(r, None, gold_error_score=0.0) for r in responses} == {
+        RewardResult(0.0, "gold_error", detail="gold answer is None")}
+    # a good gold keeps the released format rule and math-verify's verdicts
+    assert [score_math(r, 7).reason for r in responses] == ["correct", "no_think_close", "no_think_open",
+                                                            "no_think_close"]
 
 
 def test_gold_source_wraps_bare_gold_only():

@@ -1,4 +1,5 @@
-"""Real data through the `datasets` library: Klear RL records, long-CoT SFT sources, benchmark problems.
+"""Real data through the `datasets` library (local JSON through the json module): Klear RL records, long-CoT SFT
+sources, benchmark problems.
 
 Every loader takes a hub name or a local path and returns plain, validated Python records:
 
@@ -12,8 +13,8 @@ Every loader takes a hub name or a local path and returns plain, validated Pytho
 
 Where the data comes from. ``name_or_path`` is resolved in this order:
 
-  1. an existing ``.jsonl``/``.json`` file -> ``load_dataset("json", data_files=...)``; ``.parquet`` ->
-     ``load_dataset("parquet", ...)``;
+  1. an existing ``.jsonl``/``.json`` file -> read with the json module, one line at a time (below); ``.parquet``
+     -> ``load_dataset("parquet", data_files=...)``; a single file is the split ``train``;
   2. an existing directory written by ``save_to_disk`` (``state.json`` or ``dataset_dict.json`` inside) ->
      ``load_from_disk`` (``split`` picks the split of a saved DatasetDict; a saved Dataset is the one
      split); any other directory -> ``load_dataset(directory)`` (datasets infers the builder
@@ -30,6 +31,22 @@ what was expected and what was found, e.g.::
 
 An empty dataset is an error as well, so is a filter (``ability=``) that keeps nothing.
 
+Local JSON files. A ``.jsonl`` file (or a ``.json`` file in JSON lines) is read one line at a time as the loader
+takes its rows, so a large file is never held in memory, let alone twice, and each value comes back exactly as
+written (datasets' JSON reader turns a column whose rows disagree on a type into ``Json`` and loses the types:
+a str "5" in one row and an int 5 in another both come back as 5). A ``.json`` file holding one JSON document (a
+list of objects, or one object over several lines) is parsed whole. Blank lines are skipped; row indices count
+rows, not lines.
+
+Malformed records. The first malformed record raises ``SchemaError`` naming the file and the line: invalid
+UTF-8, malformed JSON, a line that is not a JSON object (``null``, a list, a number), e.g.::
+
+    data/train.jsonl line 3: malformed JSON (Expecting ',' delimiter at column 14): '{"prompt": "a" "b"}'
+
+A Parquet file that is not one (0 bytes, truncated) is named with pyarrow's reason; whatever else datasets fails
+to read (a directory's data files, a hub dataset) is named with the file and line, or the rows, where they can be
+found, and otherwise with datasets' underlying error, instead of "An error occurred while generating the dataset".
+
 Writers. ``write_jsonl`` and one row builder per schema (``klear_rl_row``, ``openr1_row``, ``messages_row``,
 ``aime_row``, ``hmmt_row``, ``lcb_row``) produce rows in the real schemas, so tests and notebooks write their own small
 fixtures instead of shipping downloaded data. ``sft_sample_to_chat`` turns a sample into the
@@ -39,16 +56,20 @@ prompt/completion conversational format that ``klear_lib.train.sft.run_sft`` tra
 from __future__ import annotations
 
 import base64
+import codecs
 import json
 import pickle
 import re
 import zlib
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import datasets
+import pyarrow as pa
 import pyarrow.parquet as pq
+from datasets.exceptions import DatasetGenerationError
 
 __all__ = [
     "SchemaError", "RLRecord", "SFTSample", "EvalProblem",
@@ -131,69 +152,183 @@ def _looks_like_path(text: str) -> bool:
     return text.endswith(JSON_SUFFIXES + PARQUET_SUFFIXES) or text.startswith(("/", "./", "../", "~"))
 
 
-def _has_json_feature(feature: Any) -> bool:
-    """Whether a (nested) feature is datasets' ``Json`` type: what the JSON builder gives a column whose
-    rows disagree on the type of a value."""
-    if isinstance(feature, datasets.Json):
-        return True
-    if isinstance(feature, dict):
-        return any(_has_json_feature(f) for f in feature.values())
-    inner = getattr(feature, "feature", None)
-    return inner is not None and _has_json_feature(inner)
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
 
 
-def _json_rows(path: Path, label: str) -> list[dict]:
-    """The rows of a local JSON file as Python's json module reads them: a JSON list, else JSON lines."""
-    text = path.read_text(encoding="utf-8")
-    rows = json.loads(text) if text.lstrip().startswith("[") else [
-        json.loads(line) for line in text.splitlines() if line.strip()]
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise SchemaError(f"{label} row {i}: must be a JSON object, got {type(row).__name__} ({_show(row)})")
-    return rows
-
-
-def _is_blank(path: Path) -> bool:
-    """Whether a text file holds only whitespace, read in 1 MiB chunks (data files can be large)."""
+def _first_char(path: Path) -> bytes:
+    """The first byte of a file that is not whitespace (nor a UTF-8 byte-order mark), b"" if none."""
     with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
+        start = True
+        while chunk := f.read(1 << 16):
+            if start and chunk.startswith(codecs.BOM_UTF8):
+                chunk = chunk[len(codecs.BOM_UTF8):]
+            start = False
             if chunk.strip():
-                return False
-    return True
+                return chunk.lstrip()[:1]
+    return b""
+
+
+def _json_document(path: Path, label: str) -> Iterator[dict]:
+    """The records of a file holding one JSON document: the objects of a list, or the one object."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise SchemaError(f"{label} line {line}: invalid UTF-8 (byte 0x{data[e.start]:02x})") from None
+    del data
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SchemaError(f"{label} line {e.lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+    if isinstance(doc, dict):
+        yield doc
+        return
+    if not isinstance(doc, list):
+        raise SchemaError(f"{label}: must be JSON lines, a JSON list of objects or one object, got a JSON "
+                          f"{_JSON_TYPES.get(type(doc), type(doc).__name__)}")
+    for i, row in enumerate(doc):
+        if not isinstance(row, dict):
+            raise SchemaError(f"{label} row {i}: must be a JSON object, got "
+                              f"{_JSON_TYPES.get(type(row), type(row).__name__)} ({_show(row)})")
+        yield row
+
+
+def _json_records(path: Path, label: str) -> Iterator[dict]:
+    """The records of a local JSON file, each checked to be a JSON object, read one line at a time.
+
+    JSON lines (blank lines skipped, as datasets does); a ``.json`` file that starts with ``[``, or whose first
+    line is not a whole JSON value, is one document (``_json_document``). The first malformed record raises
+    ``SchemaError`` naming the file and the line.
+    """
+    document = path.suffix.lower() == ".json"
+    if document and _first_char(path) == b"[":
+        yield from _json_document(path, label)
+        return
+    seen = 0
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            if n == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                around = raw[max(0, e.start - 40):e.start + 8].rstrip()
+                raise SchemaError(f"{label} line {n}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at byte "
+                                  f"{e.start + 1} of the line): {_show(around)}") from None
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line.rstrip())  # without the newline, so the column is on this line
+            except json.JSONDecodeError as e:
+                if document and not seen:  # one object spread over lines (pretty-printed)
+                    yield from _json_document(path, label)
+                    return
+                raise SchemaError(f"{label} line {n}: malformed JSON ({e.msg} at column {e.colno}): "
+                                  f"{_show(line.strip())}") from None
+            if not isinstance(value, dict):
+                raise SchemaError(f"{label} line {n}: must be a JSON object, got "
+                                  f"{_JSON_TYPES.get(type(value), type(value).__name__)} ({_show(value)})")
+            seen += 1
+            yield value
+
+
+def _parquet_rows(path: Path, label: str) -> int:
+    """The row count of a Parquet file; a file that is not one (0 bytes, truncated, garbage) names pyarrow's why."""
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except (pa.ArrowException, OSError) as e:
+        raise SchemaError(f"{label}: not a readable Parquet file ({e})") from None
+
+
+def _parquet_bad_rows(path: Path, label: str) -> SchemaError | None:
+    """The first row group of a Parquet file that cannot be read, as an error naming its rows; None if all read."""
+    pf = pq.ParquetFile(path)
+    first = 0
+    for g in range(pf.num_row_groups):
+        n = pf.metadata.row_group(g).num_rows
+        try:
+            pf.read_row_group(g)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types on damaged pages
+            why = " ".join(str(e).split())  # pyarrow's messages span lines
+            return SchemaError(f"{label} rows {first}-{first + n - 1} (row group {g}): cannot be read "
+                               f"({type(e).__name__}: {why})")
+        first += n
+    return None
+
+
+def _find_malformed(path: Path, label: str) -> SchemaError | None:
+    """The first malformed record in a local data file, or in the data files under a directory; None if none."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        name = label if f == path else f"{label}/{f.relative_to(path)}"
+        suffix = f.suffix.lower()
+        try:
+            if suffix in JSON_SUFFIXES:
+                for _ in _json_records(f, name):
+                    pass
+            elif suffix in PARQUET_SUFFIXES:
+                _parquet_rows(f, name)
+                if (err := _parquet_bad_rows(f, name)) is not None:
+                    return err
+        except SchemaError as err:
+            return err
+    return None
+
+
+def _read(label: str, path: Path | None, read: Callable[[], datasets.Dataset]) -> datasets.Dataset:
+    """``read()``; if datasets fails on the data, the error names the file and line or rows where it can."""
+    try:
+        return read()
+    except (DatasetGenerationError, pa.ArrowException, UnicodeDecodeError) as e:
+        found = _find_malformed(path, label) if path is not None else None
+        if found is not None:
+            raise found from e
+        cause = e.__cause__ or e
+        raise SchemaError(f"{label}: datasets could not read the data ({type(cause).__name__}: {cause})") from e
+
+
+class _JsonRows:
+    """The rows of a local JSON file, read and checked one line at a time on each iteration (``_json_records``);
+    a file without rows is an error once iterated. ``len`` reads the file through, one line at a time."""
+
+    def __init__(self, path: Path, label: str):
+        self.path, self.label = path, label
+
+    def __iter__(self) -> Iterator[dict]:
+        n = 0
+        for n, row in enumerate(_json_records(self.path, self.label), 1):
+            yield row
+        if n == 0:
+            raise SchemaError(f"{self.label}: dataset is empty (the file has no rows)")
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def _load(name_or_path: str | Path, *, split: str, config: str | None,
-          cache_dir: str | Path | None) -> tuple[str, datasets.Dataset | list[dict]]:
-    """(label used in error messages, the rows of the split), resolved as in the module docstring.
-
-    One exception to "everything through datasets": when a local JSON file has a column whose rows
-    disagree on a value's type, datasets 5.2 stores that column as ``Json`` and loses the types (a row's
-    str "5" and another row's int 5 come back both as int 5), so the wrong row could not be named and good
-    str values would be corrupted. The rows of such a file are then re-read with the json module, exactly as
-    written, and validated from there. (A hub dataset cannot be re-read so: its ``Json`` columns, if any, are
-    validated as datasets decodes them.)
-    """
+          cache_dir: str | Path | None) -> tuple[str, datasets.Dataset | _JsonRows]:
+    """(label used in error messages, the rows of the split), resolved as in the module docstring. Both kinds of
+    rows iterate as dicts and have a ``len``. (A hub dataset's ``Json`` columns, if any, are validated as datasets
+    decodes them.)"""
     label = str(name_or_path)
     cache = str(cache_dir) if cache_dir is not None else None
     path = Path(label).expanduser()
     if path.is_file():
         suffix = path.suffix.lower()
-        if suffix in JSON_SUFFIXES:
-            # datasets' JSON reader stops with a bare StopIteration on an empty file: say what is wrong.
-            if _is_blank(path):
-                raise SchemaError(f"{label}: dataset is empty (the file has no rows)")
-            builder = "json"
-        elif suffix in PARQUET_SUFFIXES:
-            # ... and with "corresponds to no data" on a Parquet file without rows.
-            if pq.ParquetFile(path).metadata.num_rows == 0:
-                raise SchemaError(f"{label}: dataset is empty (the file has no rows)")
-            builder = "parquet"
-        else:
+        if suffix not in JSON_SUFFIXES + PARQUET_SUFFIXES:
             raise ValueError(f"{label}: unsupported file type {suffix!r}; expected one of "
                              f"{list(JSON_SUFFIXES + PARQUET_SUFFIXES)} or a directory")
-        ds = datasets.load_dataset(builder, data_files=str(path), split=split, cache_dir=cache)
-        if builder == "json" and _has_json_feature(ds.features):
-            return label, _json_rows(path, label)
+        if split != "train":
+            raise ValueError(f"{label}: a single data file has one split, 'train'; got split {split!r}")
+        if suffix in JSON_SUFFIXES:
+            return label, _JsonRows(path, label)
+        # datasets stops with "corresponds to no data" on a Parquet file without rows: say what is wrong.
+        if _parquet_rows(path, label) == 0:
+            raise SchemaError(f"{label}: dataset is empty (the file has no rows)")
+        ds = _read(label, path, lambda: datasets.load_dataset("parquet", data_files=str(path), split=split,
+                                                              cache_dir=cache))
     elif path.is_dir():
         if (path / "dataset_dict.json").is_file():  # a saved DatasetDict: one saved Dataset per split folder
             splits = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
@@ -206,11 +341,11 @@ def _load(name_or_path: str | Path, *, split: str, config: str | None,
                 raise SchemaError(f"{label}: dataset is empty (0 rows in split {split!r})")
             ds = datasets.load_from_disk(str(path))
         else:
-            ds = datasets.load_dataset(str(path), split=split, cache_dir=cache)
+            ds = _read(label, path, lambda: datasets.load_dataset(str(path), split=split, cache_dir=cache))
     elif _looks_like_path(label):
         raise FileNotFoundError(f"{label}: no such file or directory (a local path, so the hub is not tried)")
     else:
-        ds = datasets.load_dataset(label, config, split=split, cache_dir=cache)
+        ds = _read(label, None, lambda: datasets.load_dataset(label, config, split=split, cache_dir=cache))
     if len(ds) == 0:
         raise SchemaError(f"{label}: dataset is empty (0 rows in split {split!r})")
     return label, ds

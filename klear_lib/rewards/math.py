@@ -2,6 +2,13 @@
 
 Rule (reference §5, "Rewards / Math"):
 
+0. Gold. A gold answer that is missing (None, NaN, blank, not a str or a number) or that math-verify cannot turn
+   into a math expression is ``gold_error``: a data problem, counted apart from ``wrong``, checked before the
+   format so that every completion of such a prompt gets the same ``gold_error_score`` (−1 by default, the
+   pool's failure score). GRPO normalises rewards within a prompt's group, so a constant score gives that prompt
+   zero advantage whatever its value: bad data teaches nothing instead of teaching "skip the format".
+   (A departure: neither the paper nor the released code has this rule; there such a gold answer scores every
+   completion by its format, and a well-formatted one −1.)
 1. Format. The released code (Kwai-Klear ``math_dapo.compute_score(..., is_longcot=True)``) checks, in this
    order: no ``</think>`` → −0.5; else no ``<think>`` → −2.0. The paper only says the format is required;
    ``format_rule="paper"`` reads that as "a format failure is a wrong answer" (−1). ``format_rule="none"``
@@ -54,7 +61,7 @@ REASONS = {
     "no_answer": "nothing math-verify can extract after the last </think>",
     "timeout": "parsing or verifying the answer ran past timeout_s",
     "parse_error": "math-verify found an answer but could not turn it into a math expression",
-    "gold_parse_error": "the gold answer itself could not be parsed (a data problem, not the model's)",
+    "gold_error": "the gold answer is missing or math-verify cannot parse it (a data problem, not the model's)",
 }
 
 FORMAT_RULES = ("released", "paper", "none")
@@ -72,6 +79,9 @@ class MathRewardOptions:
     """Released code: score of a response without ``</think>`` (checked first)."""
     no_think_open_score: float = -2.0
     """Released code: score of a response with ``</think>`` but without ``<think>``."""
+    gold_error_score: float = -1.0
+    """Score of any response to a prompt whose gold answer is missing or unparsable (see rule 0: the value does
+    not move GRPO's advantages, since the whole group gets it; −1 is the pool's failure score)."""
     format_rule: str = "released"
     """``"released"`` (the −0.5 / −2.0 penalties above), ``"paper"`` (format failure → ``wrong_score``), or
     ``"none"`` (no format check)."""
@@ -136,6 +146,35 @@ def _parse_gold_cached(src: str, seconds: int) -> tuple:
     return tuple(parse(src, parsing_timeout=seconds, raise_on_error=True))
 
 
+def _missing_gold(gold) -> str | None:
+    """Why ``gold`` is no answer at all (None, NaN from a data frame, blank, a list ...), or None if it is one."""
+    if gold is None:
+        return "gold answer is None"
+    if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
+        return f"gold answer is {type(gold).__name__} ({_short(repr(gold))}), expected str or a number"
+    if isinstance(gold, float) and not math.isfinite(gold):
+        return f"gold answer is {gold!r} (a missing value)"
+    if isinstance(gold, str) and not gold.strip():
+        return "gold answer is blank"
+    return None
+
+
+def _parse_gold(gold, deadline: _Deadline) -> tuple | str:
+    """The gold answer parsed by math-verify, or why it cannot be graded against (a ``gold_error`` detail)."""
+    missing = _missing_gold(gold)
+    if missing:
+        return missing
+    try:
+        parsed = _parse_gold_cached(gold_source(gold), deadline.seconds())
+    except TimeoutException:
+        return f"timed out parsing gold {_short(str(gold))}"
+    except Exception as e:  # noqa: BLE001 - any failure of the gold is a data problem, reported as such
+        return f"{type(e).__name__} on gold {_short(str(gold))}"
+    if not any(_is_math(g) for g in parsed):  # nothing, or only the raw text back: not a math expression
+        return f"math-verify finds no math expression in gold {_short(str(gold))}"
+    return parsed
+
+
 def extract_answer(response: str) -> str:
     """The text after the last ``</think>`` (the whole response when there is none)."""
     return response.rsplit(THINK_CLOSE, 1)[-1]
@@ -162,7 +201,7 @@ def score_math(response: str, gold: str, **options) -> RewardResult:
     """Klear's math reward of one ``response`` against the ``gold`` answer (reference §5).
 
     Options (see ``MathRewardOptions``): ``correct_score=1.0, wrong_score=-1.0, no_think_close_score=-0.5,
-    no_think_open_score=-2.0, format_rule="released"|"paper"|"none", timeout_s=5.0``.
+    no_think_open_score=-2.0, gold_error_score=-1.0, format_rule="released"|"paper"|"none", timeout_s=5.0``.
 
     >>> score_math("<think>3 quarters</think> The answer is $\\\\frac{3}{4}$.", "0.75")
     RewardResult(score=1.0, reason='correct', passed=None, total=None, detail='')
@@ -179,6 +218,11 @@ def score_math(response: str, gold: str, **options) -> RewardResult:
         )
     response = "" if response is None else str(response)
 
+    deadline = _Deadline(opts.timeout_s)
+    gold_parsed = _parse_gold(gold, deadline)
+    if isinstance(gold_parsed, str):
+        return RewardResult(opts.gold_error_score, "gold_error", detail=gold_parsed)
+
     failed = _format_failure(response, opts)
     if failed is not None:
         return failed
@@ -187,16 +231,6 @@ def score_math(response: str, gold: str, **options) -> RewardResult:
     answer_text = extract_answer(response)
     if not answer_text.strip():
         return wrong("no_answer", detail="empty after </think>")
-
-    deadline = _Deadline(opts.timeout_s)
-    try:
-        gold_parsed = _parse_gold_cached(gold_source(gold), deadline.seconds())
-    except TimeoutException:
-        return wrong("gold_parse_error", detail=f"timed out parsing gold {_short(str(gold))}")
-    except Exception as e:  # noqa: BLE001 - any failure of the gold is a data problem, reported as such
-        return wrong("gold_parse_error", detail=f"{type(e).__name__} on gold {_short(str(gold))}")
-    if not gold_parsed:
-        return wrong("gold_parse_error", detail=f"nothing to parse in gold {_short(str(gold))}")
 
     try:
         answer = parse(answer_text, parsing_timeout=deadline.seconds(), raise_on_error=True)
@@ -222,8 +256,6 @@ def score_math(response: str, gold: str, **options) -> RewardResult:
             continue
     if timed_out:
         return wrong("timeout", detail="verifying the answer")
-    if not any(_is_math(g) for g in gold_parsed):
-        return wrong("gold_parse_error", detail=f"gold only as text {_short(gold_parsed[-1])}")
     if not any(_is_math(a) for a in answer):
         # Found (e.g. "\\frac{1}{") but only as text: compared as a string, and it did not match.
         return wrong("parse_error", detail=f"answer only as text {_short(answer[-1])}")

@@ -1,78 +1,79 @@
-"""Reward manager: grade a batch in worker processes, where a hung, crashed or raising judge costs one score.
+"""Reward manager: grade a batch in worker processes, where a hung, dying or raising judge costs one score.
 
 Reference §5: math-verify's timeouts are ``SIGALRM`` and work only in a process's main thread, and "a hung
 parse must never stall training"; Klear grades in a Pebble process pool (code: 10 workers, 500 s per item,
-timeout or crash → −1). ``RewardPool`` is that pool:
+timeout or crash → −1). ``RewardPool`` is such a pool, with its own workers (``klear_lib.rewards.workers`` says
+why not pebble):
 
 * each item runs ``score_fn(**item)`` in the main thread of a worker process (so math-verify's own timeouts
-  work there), under a wall-clock limit that pebble enforces by killing the worker;
-* every item yields a ``RewardResult``, in input order: the judge's own, or ``(failure_score, "timeout")``,
-  ``(failure_score, "crashed")`` (the worker died: segfault, ``os._exit``, SIGKILL, out of memory) or
-  ``(failure_score, "error", detail=...)`` (the judge raised, or returned something else). Nothing is raised
-  into the training loop and nothing waits forever; pebble replaces a killed worker and the pool goes on.
+  work there), under a wall-clock limit of ``timeout_s`` that the parent enforces by killing the worker;
+* every item yields a ``RewardResult``, in input order: the judge's own, or the failure score with one of
+  ``POOL_REASONS``. Nothing about one item is raised into the training loop and nothing waits forever; a
+  killed or dead worker is replaced and the batch goes on;
+* a worker's early exit (``os._exit``, a segfault, SIGKILL) is ``worker_died`` as soon as the parent sees the
+  process end (its sentinel), not at the item's timeout;
+* ``memory_mb`` caps each worker's address space (``RLIMIT_AS``, soft limit) at what it holds once started plus
+  ``memory_mb``; a judgement that runs into the cap is ``memory_exceeded``;
+* a judge that cannot start in a fresh process (its module fails to import there, the initializer raises,
+  the module quits on import) fails the pool at once: the constructor raises ``WorkerStartError`` with the
+  worker's traceback, and so does ``score_batch`` if a replacement worker cannot start.
 
 Groups. In GRPO the G completions of a prompt share a gold answer, and parsing the gold costs about as much as
 parsing an answer. With ``group_key="gold"``, a run of consecutive items with the same gold (at most
-``max_group``) is one pebble task: one worker grades the whole group and parses its gold once, and the batch
-pays one round trip per group instead of one per item (benchmarks/bench_math_pool.py, 2 workers against a
-loop: ≈1.2x one task per item, ≈1.9–2.1x grouped). The task's limit is ``timeout_s`` per item, summed; if the
-task times out or its worker dies, its items are graded again one by one, each under ``timeout_s``, so every
-item still gets its own result and reason (the judge must be deterministic and free of side effects, which
-both judges here are). The price: an item that hangs is found after up to ``(max_group + 1) * timeout_s``
-instead of ``timeout_s``. Without ``group_key`` every item is its own task under ``timeout_s``.
+``max_group``) is sent to one worker as one task: it parses the gold once (score_math caches it) and the batch
+pays one round trip per group instead of one per item (benchmarks/bench_math_pool.py). The worker still sends
+each item's result as soon as it has it, and the limit is per item, timed from the previous item's result: an
+item that hangs is killed after ``timeout_s`` like any other, the group's items before it keep their results,
+and the ones after it go back to the front of the queue as a new group. A hang costs its own item whatever the
+grouping (benchmarks/bench_pool_faults.py).
 
 ``make_trl_reward_func`` wraps a pool as a TRL ``reward_funcs`` entry that also reports why each reward is
 what it is (TRL's ``log_extra`` column and a running ``Counter`` on the function).
 
 Workers start with ``spawn`` by default: the trainer process holds torch (and possibly CUDA) threads, and
-forking a multi-threaded process can deadlock the child; spawned workers import only the judge's module
-(≈0.5 s each, paid at pool start and when a killed worker is replaced). ``score_fn`` must therefore be a
-module-level function of an importable module (``klear_lib.rewards.math.score_math``), not one defined in
-a notebook.
+forking a multi-threaded process can deadlock the child; a spawned worker imports the judge's module (and runs
+the main module's top level again, as ``spawn`` does), ≈0.5 s, paid at pool start and when a killed worker is
+replaced. ``score_fn`` must therefore be picklable by reference: a module-level function of an importable module
+(``klear_lib.rewards.math.score_math``), not one defined in a notebook.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
-import concurrent.futures as cf
+import itertools
 import math
 import multiprocessing
+import pickle
+import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
-
-import pebble
+from multiprocessing import connection
 
 from klear_lib.rewards.result import RewardResult
+from klear_lib.rewards.workers import READY, RESULT, START_ERROR, Worker, WorkerStartError, exit_description
 
-#: Reasons the pool itself can give (the judge's own reasons pass through unchanged).
+__all__ = ["RewardPool", "WorkerStartError", "POOL_REASONS", "completion_text", "make_trl_reward_func"]
+
+_STOP_GRACE_S = 5.0  # how long close() lets idle workers exit by themselves before killing them
+_OPEN_POOLS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_pools() -> None:
+    # Workers are not daemons (a judge may start processes), so multiprocessing would wait for them at exit:
+    # kill those of pools nobody closed. Registered after multiprocessing's own hook, so it runs before it.
+    for pool in list(_OPEN_POOLS):
+        pool.close(wait=False)
+
+#: Reasons the pool itself can give (the judge's own reasons pass through unchanged); each scores failure_score.
 POOL_REASONS = {
     "timeout": "the item ran past the pool's timeout_s; its worker was killed and replaced",
-    "crashed": "the worker process died while scoring the item (segfault, os._exit, SIGKILL, OOM)",
-    "error": "score_fn raised, or returned something other than a RewardResult (detail says what)",
+    "worker_died": "the worker process ended while grading the item (os._exit, a segfault, a signal)",
+    "memory_exceeded": "the judgement raised MemoryError: it ran into the worker's memory_mb cap (or the machine's)",
+    "invalid_score": "the judge returned a score that is not a finite real number (NaN, inf, a str, None, a bool)",
+    "error": "score_fn raised, returned something other than a RewardResult, or the item could not be sent",
 }
-
-_DEADLINE = "batch deadline of the pool passed"
-# Seconds allowed per wave of tasks on top of their limits, for a worker restart (spawn + imports) and IPC, in
-# the batch-level safety net of score_batch (pebble's per-task timeout is what normally bounds a batch).
-_RESTART_ALLOWANCE_S = 30.0
-
-
-def _short(text: str, n: int = 500) -> str:
-    return text if len(text) <= n else text[:n] + "..."
-
-
-def _error(failure_score: float, e: BaseException) -> RewardResult:
-    return RewardResult(failure_score, "error", detail=_short(f"{type(e).__name__}: {e}"))
-
-
-def _score_items(score_fn: Callable, items: list[dict], failure_score: float) -> list:
-    """Runs in a worker: ``score_fn`` on each item in turn; an exception costs only its own item."""
-    out = []
-    for item in items:
-        try:
-            out.append(score_fn(**item))
-        except Exception as e:  # noqa: BLE001 - the judge's failure is that item's "error"
-            out.append(_error(failure_score, e))
-    return out
 
 
 def _groups(items: Sequence[Mapping], key: str | None, max_group: int) -> list[list[int]]:
@@ -89,47 +90,78 @@ def _groups(items: Sequence[Mapping], key: str | None, max_group: int) -> list[l
     return groups
 
 
+def _name(fn) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
 class RewardPool:
-    """A pebble ``ProcessPool`` that turns a batch of judge calls into a list of ``RewardResult`` (see module doc).
+    """Worker processes that turn a batch of judge calls into a list of ``RewardResult`` (see module doc).
 
     Args:
         score_fn: picklable, module-level ``f(**item) -> RewardResult`` (e.g. ``score_math``).
         workers: worker processes (Klear: 10 for code; 2 on the project's 2-core machines).
         timeout_s: wall-clock limit per item, from the moment a worker starts it. Keep it above the judge's own
             budget (``score_math``'s ``timeout_s``, 5 s by default) so the judge can report its own ``timeout``.
-        failure_score: the score of a timeout, a crash or an error (reference §5: −1).
-        group_key: item key whose equal values, in consecutive items, make one task (``"gold"`` for
-            ``score_math``); None: one task per item.
-        max_group: the most items in one task; bounds how late a hung item in a group is found.
+        failure_score: the score of every ``POOL_REASONS`` failure (reference §5: −1).
+        group_key: item key whose equal values, in consecutive items, go to one worker as one task (``"gold"``
+            for ``score_math``); None: one task per item.
+        max_group: the most items in one task.
         start_method: multiprocessing start method of the workers: ``"spawn"`` (default, safe next to torch
             threads), ``"forkserver"`` or ``"fork"``.
-        max_tasks: recycle a worker after this many tasks (0: never); bounds slow leaks of a judge.
+        max_tasks: replace a worker after this many tasks (0: never); bounds slow leaks of a judge.
         initializer, initargs: run once in each worker when it starts (e.g. warm the judge up).
+        memory_mb: address space (MiB) a worker may add to what it holds once started, enforced with
+            ``RLIMIT_AS`` (virtual memory, so a judge's reservations count, not only what it touches); None: no cap.
+            The default, 4 GiB, is far above what math-verify or the sandbox's parent side add (tens of MiB) and
+            keeps a runaway sympy expansion from taking the machine's memory.
+        start_timeout_s: how long a worker may take to start (spawn, imports, initializer) before the pool fails.
 
-    Use as a context manager (``with RewardPool(score_math) as pool: pool.score_batch(items)``), or call
-    ``close()`` yourself; after either, no worker process is left.
+    Raises ``WorkerStartError`` when a worker cannot start (the pool is closed then), ``TypeError`` when
+    ``score_fn`` does not pickle. Use as a context manager (``with RewardPool(score_math) as pool:
+    pool.score_batch(items)``), or call ``close()`` yourself; after either, no worker process is left.
     """
 
     def __init__(self, score_fn: Callable[..., RewardResult], *, workers: int = 2, timeout_s: float = 10.0,
                  failure_score: float = -1.0, group_key: str | None = None, max_group: int = 16,
                  start_method: str = "spawn", max_tasks: int = 0, initializer: Callable | None = None,
-                 initargs: Sequence = ()):
+                 initargs: Sequence = (), memory_mb: float | None = 4096, start_timeout_s: float = 120.0):
         if workers < 1 or max_group < 1:
             raise ValueError(f"workers and max_group must be >= 1, got {workers} and {max_group}")
-        if not (timeout_s > 0 and math.isfinite(timeout_s)):
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        for name, value in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s), ("memory_mb", memory_mb)):
+            if name == "memory_mb" and value is None:
+                continue  # no cap
+            if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        try:
+            self._payload = pickle.dumps((score_fn, initializer, tuple(initargs)))
+        except Exception as e:  # pickle raises several types for "not picklable by reference"
+            raise TypeError(f"score_fn {_name(score_fn)} (with initializer and initargs) must be picklable: a "
+                            f"module-level function of an importable module; {type(e).__name__}: {e}") from e
         self.score_fn = score_fn
-        self.workers = workers
         self.timeout_s = float(timeout_s)
         self.failure_score = float(failure_score)
         self.group_key = group_key
         self.max_group = max_group
         self.start_method = start_method
-        self._pool = pebble.ProcessPool(
-            max_workers=workers, max_tasks=max_tasks, initializer=initializer, initargs=tuple(initargs),
-            context=multiprocessing.get_context(start_method),
-        )
+        self.max_tasks = max_tasks
+        self.memory_mb = memory_mb
+        self.start_timeout_s = float(start_timeout_s)
+        self._ctx = multiprocessing.get_context(start_method)
+        self._task_ids = itertools.count(1)
         self._closed = False
+        self._workers: list[Worker] = []
+        _OPEN_POOLS.add(self)
+        try:
+            self._workers = [self._new_worker() for _ in range(workers)]
+            while not all(w.ready for w in self._workers):
+                self._wait(None, None)
+        except BaseException:
+            self.close(wait=False)
+            raise
+
+    @property
+    def workers(self) -> int:
+        return len(self._workers)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def __enter__(self) -> RewardPool:
@@ -139,80 +171,161 @@ class RewardPool:
         self.close(wait=exc_type is None)
 
     def close(self, wait: bool = True) -> None:
-        """Stop the workers and join them. ``wait=False`` kills running items instead of letting them finish."""
+        """Stop the workers and reap them. ``wait=False`` kills them instead of asking them to exit."""
         if self._closed:
             return
         self._closed = True
+        _OPEN_POOLS.discard(self)
         if wait:
-            self._pool.close()  # no new tasks; running ones end within their limits
+            for w in self._workers:
+                if w.ready and w.task is None:
+                    w.request_stop()
+            deadline = time.monotonic() + _STOP_GRACE_S
+            for w in self._workers:
+                w.process.join(max(0.0, deadline - time.monotonic()))
+        for w in self._workers:
+            w.kill()  # whatever did not exit by itself; reaps every process
+
+    def __del__(self):
+        if not getattr(self, "_closed", True):
             try:
-                self._pool.join(timeout=self.max_group * self.timeout_s + _RESTART_ALLOWANCE_S)
-                return
-            except TimeoutError:
-                pass  # fall through to a hard stop: never leave a worker behind
-        self._pool.stop()
-        self._pool.join()
+                self.close(wait=False)
+            except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to report to
+                pass
+
+    def _new_worker(self) -> Worker:
+        return Worker(self._ctx, self._payload, self.memory_mb)
+
+    def _replace(self, w: Worker) -> None:
+        w.kill()
+        if not self._closed:
+            self._workers[self._workers.index(w)] = self._new_worker()
 
     # -- scoring ---------------------------------------------------------------------------------------------
     def score_batch(self, items: Sequence[Mapping]) -> list[RewardResult]:
-        """``score_fn(**item)`` for each item, in the workers; results in input order, never an exception."""
+        """``score_fn(**item)`` for each item, in the workers; results in input order.
+
+        Raises only ``WorkerStartError`` (a replacement worker could not start: the pool is closed) or what
+        interrupts the caller (KeyboardInterrupt: the workers busy with this batch are replaced)."""
         if self._closed:
             raise RuntimeError("RewardPool is closed")
+        items = [dict(it) for it in items]
         results: list[RewardResult | None] = [None] * len(items)
-        again = []  # items of groups whose task timed out or died: graded one by one
-        for group, outcome in self._run(items, _groups(items, self.group_key, self.max_group)):
-            if isinstance(outcome, RewardResult) and len(group) > 1 and outcome.detail != _DEADLINE:
-                again.extend(group)
-            else:
-                for i, r in zip(group, outcome if isinstance(outcome, list) else [outcome]):
-                    results[i] = r
-        for group, outcome in self._run(items, [[i] for i in again]):
-            results[group[0]] = outcome if isinstance(outcome, RewardResult) else outcome[0]
+        queue = collections.deque(_groups(items, self.group_key, self.max_group))
+        try:
+            while queue or any(w.task for w in self._workers):
+                self._dispatch(queue, items, results)
+                self._wait(results, queue)
+        except WorkerStartError:
+            self.close(wait=False)
+            raise
+        except BaseException:
+            for w in list(self._workers):
+                if w.task is not None:  # still on this batch: its results would be stale in the next one
+                    self._replace(w)
+            raise
         return results  # type: ignore[return-value]
 
     def score(self, **item) -> RewardResult:
         """One item through the pool (convenience for notebooks)."""
         return self.score_batch([item])[0]
 
-    def _run(self, items: Sequence[Mapping], groups: list[list[int]]):
-        """Schedule one task per group and yield ``(group, outcome)``: a list of per-item results, or one
-        ``RewardResult`` when the task as a whole timed out, died or failed."""
-        tasks = []
-        for group in groups:
+    def _dispatch(self, queue: collections.deque, items: list[dict], results: list) -> None:
+        """Send queued groups to idle workers."""
+        for w in self._workers:
+            if not queue:
+                return
+            if not w.ready or w.task is not None:
+                continue
+            group = queue.popleft()
             try:
-                future = self._pool.schedule(_score_items, timeout=self.timeout_s * len(group),
-                                             args=(self.score_fn, [dict(items[i]) for i in group], self.failure_score))
-            except Exception as e:  # noqa: BLE001 - e.g. a pool broken by the OS; report, don't raise
-                future = _error(self.failure_score, e)
-            tasks.append((group, future))
-        # Safety net only: pebble's per-task timeout bounds each task; this bounds the batch if pebble itself were
-        # ever wedged (waves of `workers` tasks, each within its limit plus a worker restart).
-        pending = [f for _, f in tasks if not isinstance(f, RewardResult)]
-        waves = math.ceil(len(pending) / self.workers)
-        cf.wait(pending, timeout=(waves + 1) * (self.max_group * self.timeout_s + _RESTART_ALLOWANCE_S))
-        for group, future in tasks:
-            yield group, future if isinstance(future, RewardResult) else self._outcome(future, len(group))
+                w.send(next(self._task_ids), group, [items[i] for i in group], self.failure_score)
+            except OSError:  # the worker is gone: its sentinel will say so; the group waits for another
+                queue.appendleft(group)
+            except Exception as e:  # noqa: BLE001 - an item that does not pickle (nothing was written)
+                if len(group) > 1:
+                    queue.extendleft([i] for i in reversed(group))
+                else:
+                    results[group[0]] = RewardResult(self.failure_score, "error",
+                                                     detail=f"item could not be sent: {type(e).__name__}: {e}")
 
-    def _outcome(self, future, n: int) -> list[RewardResult] | RewardResult:
-        fail = self.failure_score
-        if not future.done():
-            future.cancel()  # pebble kills the worker running it
-            return RewardResult(fail, "timeout", detail=_DEADLINE)
-        try:
-            res = future.result()
-        except TimeoutError as e:
-            if e.args[:1] == ("Task timeout",):  # pebble's own; a TimeoutError of score_fn is caught in the worker
-                return RewardResult(fail, "timeout", detail=f"item ran past {self.timeout_s:g} s")
-            return _error(fail, e)
-        except pebble.ProcessExpired as e:
-            return RewardResult(fail, "crashed", detail=f"worker exit code {e.exitcode}")
-        except BaseException as e:  # noqa: BLE001 - e.g. an item or a result that does not pickle
-            return _error(fail, e)
-        if not isinstance(res, list) or len(res) != n:
-            return RewardResult(fail, "error", detail="malformed task result")
-        return [r if isinstance(r, RewardResult) else
-                RewardResult(fail, "error", detail=f"score_fn returned {type(r).__name__}, expected RewardResult")
-                for r in res]
+    def _wait(self, results: list | None, queue: collections.deque | None) -> None:
+        """Wait for the next message, worker exit or deadline, and handle what happened."""
+        now = time.monotonic()
+        deadlines = [w.since + self.timeout_s for w in self._workers if w.task is not None]
+        deadlines += [w.started + self.start_timeout_s for w in self._workers if not w.ready]
+        timeout = max(0.0, min(deadlines) - now) if deadlines else None
+        by_handle = {}
+        for w in self._workers:
+            by_handle[w.conn] = by_handle[w.sentinel] = w
+        for handle in connection.wait(list(by_handle), timeout):
+            w = by_handle[handle]
+            if w in self._workers:  # not replaced while handling an earlier handle of this round
+                self._receive(w, results)
+            if w in self._workers and not w.process.is_alive():
+                self._on_exit(w, results, queue)
+        now = time.monotonic()
+        for w in list(self._workers):
+            if not w.ready and now - w.started > self.start_timeout_s:
+                raise WorkerStartError(f"a worker process for {_name(self.score_fn)} was not ready after "
+                                       f"{self.start_timeout_s:g} s (start_method {self.start_method!r})")
+            if w.task is not None and now - w.since > self.timeout_s:
+                self._receive(w, results)  # a result that arrived just now beats the deadline
+                if w.task is not None and time.monotonic() - w.since > self.timeout_s:
+                    self._fail_current(w, results, queue, "timeout", f"item ran past {self.timeout_s:g} s")
+
+    def _receive(self, w: Worker, results: list | None) -> None:
+        """Read every message waiting on ``w``'s pipe."""
+        while True:
+            try:
+                if not w.conn.poll():
+                    return
+                message = w.conn.recv()
+            except (EOFError, OSError):  # the worker is gone; _on_exit accounts for it
+                w.process.join(timeout=1.0)
+                return
+            kind = message[0]
+            if kind == READY:
+                w.ready = True
+            elif kind == START_ERROR:
+                raise WorkerStartError(f"score_fn {_name(self.score_fn)} could not start in a worker process "
+                                       f"(start_method {self.start_method!r}); the worker's error:\n{message[1]}")
+            elif kind == RESULT:
+                _, task_id, k, result = message
+                if w.task is None or task_id != w.task[0] or k != w.done:
+                    continue  # stale: a task this pool no longer waits for
+                results[w.current()] = result
+                w.done += 1
+                w.since = time.monotonic()
+                if w.done == len(w.task[1]):
+                    w.task = None
+                    w.n_tasks += 1
+                    if self.max_tasks and w.n_tasks >= self.max_tasks:
+                        w.stop(timeout_s=_STOP_GRACE_S)
+                        self._replace(w)
+                        return
+
+    def _on_exit(self, w: Worker, results: list | None, queue) -> None:
+        w.process.join()
+        how = exit_description(w.process.exitcode)
+        if not w.ready:
+            raise WorkerStartError(
+                f"a worker process for {_name(self.score_fn)} ended ({how}) before it could load the judge: it died "
+                f"starting Python or running the main module's top level again (start_method "
+                f"{self.start_method!r}); its traceback, if any, is on stderr")
+        if w.task is None:
+            self._replace(w)
+        else:
+            self._fail_current(w, results, queue, "worker_died", f"the worker process ended while grading ({how})")
+
+    def _fail_current(self, w: Worker, results: list, queue, reason: str, detail: str) -> None:
+        """The item ``w`` is on gets ``reason``; the rest of its task goes back to the front of the queue."""
+        results[w.current()] = RewardResult(self.failure_score, reason, detail=detail)
+        rest = w.remaining_after_current()
+        if rest:
+            queue.appendleft(rest)
+        w.task = None
+        self._replace(w)
 
 
 def completion_text(completion) -> str:

@@ -9,9 +9,11 @@ from dataclasses import asdict, dataclass, fields
 class RewardResult:
     """A reward with its reason, so that a notebook can show why rewards are what they are.
 
-    ``reason`` is a short machine-readable word (``correct``, ``wrong``, ``no_think_close``, ``no_answer``,
-    ``timeout``, ``parse_error``, ``no_code``, ``crashed`` ...); ``detail`` is free text for humans.
-    ``passed``/``total`` are the passed and run test counts of a code reward (None for math).
+    ``reason`` is a short machine-readable word (``correct``, ``wrong``, ``gold_error``, ``no_think_close``,
+    ``no_answer``, ``timeout``, ``parse_error``, ``no_code``, ``worker_died`` ...); ``detail`` is free text for
+    humans. ``passed``/``total`` are the passed and run test counts of a code reward (None for math).
+    ``score`` should be a finite real number; nothing here checks it, ``RewardPool`` turns any other into a
+    failure with reason ``invalid_score``.
     """
 
     score: float
