@@ -357,3 +357,14 @@ def test_completion_text():
     assert completion_text(msgs) == "a\nb"
     # a response parser that moved the thinking out of `content` gets it back inside <think>...</think>
     assert completion_text([{"role": "assistant", "reasoning_content": "r", "content": "c"}]) == "<think>r</think>c"
+
+
+def test_batches_from_several_threads_each_get_their_own_results(pool):
+    """verl calls the reward from a thread pool: concurrent batches on one pool must not mix their results."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as threads:
+        futures = [threads.submit(pool.score_batch, [{"kind": "echo", "value": 10 * t + i} for i in range(5)])
+                   for t in range(8)]
+        for t, fut in enumerate(futures):
+            assert [r.score for r in fut.result()] == [float(10 * t + i) for i in range(5)]

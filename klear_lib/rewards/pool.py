@@ -45,6 +45,7 @@ import itertools
 import math
 import multiprocessing
 import pickle
+import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -150,6 +151,7 @@ class RewardPool:
         self._task_ids = itertools.count(1)
         self._closed = False
         self._workers: list[Worker] = []
+        self._lock = threading.Lock()  # one batch at a time: callers in several threads (verl's reward loop) queue
         _OPEN_POOLS.add(self)
         try:
             self._workers = [self._new_worker() for _ in range(workers)]
@@ -207,6 +209,10 @@ class RewardPool:
 
         Raises only ``WorkerStartError`` (a replacement worker could not start: the pool is closed) or what
         interrupts the caller (KeyboardInterrupt: the workers busy with this batch are replaced)."""
+        with self._lock:
+            return self._score_batch(items)
+
+    def _score_batch(self, items: Sequence[Mapping]) -> list[RewardResult]:
         if self._closed:
             raise RuntimeError("RewardPool is closed")
         items = [dict(it) for it in items]
