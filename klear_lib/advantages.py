@@ -56,7 +56,8 @@ def zero_advantage_group_mask(rewards: Tensor, group_size: int, *, rule: str = "
     max_reward defaults to 1.0, the maximum of Klear's math (±1) and code (2·pass_rate - 1) rewards; pass
     it for other scales. It is never inferred from the batch, so one batch cannot redefine "correct".
     rule="dapo" (DAPO's dynamic sampling): keep a group iff the std of its rewards is > 0.
-    std > 0 is tested as max != min (the same condition, free of round-off). Batches are not refilled.
+    std > 0 is tested as max != min (the same condition, free of round-off). What is done with the kept
+    groups (oversampling, packing into mini-batches) is the trainer's business (klear_lib.train.rl).
     """
     if rule not in FILTER_RULES:
         raise ValueError(f"unknown filter rule {rule!r}; valid: {list(FILTER_RULES)}")

@@ -440,7 +440,7 @@ def _cmd_reproduce(args: argparse.Namespace, layout: Layout) -> int:
             status, where, message = "ERROR", "", str(err)
         else:
             missing = _report_contract(run_dir)
-            status, where = ("ok" if not missing else "incomplete"), str(run_dir)
+            status, where = ("ran" if not missing else "incomplete"), str(run_dir)
             message = f"missing {', '.join(missing)}" if missing else ""
         rows.append((nb.stem, status, time.monotonic() - start, where or message))
         log["rows"].append({"notebook": nb.stem, "status": status, "seconds": round(rows[-1][2], 1),
@@ -453,7 +453,7 @@ def _cmd_reproduce(args: argparse.Namespace, layout: Layout) -> int:
     print("== report", file=sys.stderr, flush=True)
     start = time.monotonic()
     report_path = make_report(layout, args.preset)
-    rows.append(("report", "ok", time.monotonic() - start, str(report_path)))
+    rows.append(("report", "ran", time.monotonic() - start, str(report_path)))
     width = max(len(r[0]) for r in rows)
     print(f"{'notebook':<{width}}  {'status':<10}  {'time':>7}  run directory")
     for name, status, seconds, where in rows:

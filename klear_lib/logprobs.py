@@ -1,6 +1,6 @@
 """Per-token log-probs and entropies of an LM head without materialising (B, T, V) logits.
 
-ERC (docs/klear_reference.md §3) needs, for every response token, the entropy H_t of the full next-token
+ERC (docs/reference.md §3) needs, for every response token, the entropy H_t of the full next-token
 distribution under the rollout policy and under the current one, next to the usual log π(y_t). At paper
 scale (V = 151,936, responses of 16K-32K tokens) the (B, T, V) logits, their log-softmax and its gradient do
 not fit on a GPU. `token_logprobs_and_entropy` takes the last hidden states and the LM-head weight instead

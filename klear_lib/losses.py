@@ -8,7 +8,7 @@ Every registered loss is a pure function
 with tensors (B, T), advantages (B, T) or (B,), `loss` a scalar to *minimise* and `metrics` the dict of
 python floats defined once in `METRICS`. Per token the gradient of a loss with respect to log π_θ is
 `-F·A` times the aggregation weight (reference §1); tests pin F for every case.
-Sources: docs/klear_reference.md §1-3 (Klear-Reasoner arXiv 2508.07629, ERC arXiv 2512.05591).
+Sources: docs/reference.md §1-3 (Klear-Reasoner arXiv 2508.07629, ERC arXiv 2512.05591).
 """
 from __future__ import annotations
 

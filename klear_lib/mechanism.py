@@ -147,3 +147,62 @@ def dose_response(*, updates=(1, 2, 4, 8, 16), lrs=(0.02, 0.05, 0.1), arms: dict
                                 "auc_p_all": area_under_curve(g["groups_seen"], g["p_all"]),
                                 "clip_frac": g["clip_frac"].iloc[-1]})
     return pd.DataFrame(out)
+
+
+# -- ERC's noise floor: how much of "ERC stops ~20% of tokens" can recomputation noise be? ---------------------
+@torch.no_grad()
+def erc_noise_floor(model, tokenizer, prompts, *, n: int = 4, temperature: float = 1.0, max_new_tokens: int = 56,
+                    bounds=((0.8, 1.2), (0.95, 1.05)), seed: int = 0) -> pd.DataFrame:
+    """On one on-policy batch (``n`` completions of each chat prompt in ``prompts``, sampled from ``model``), the
+    fraction of response tokens that ERC with each of ``bounds`` would stop although the policy did not move: the
+    current entropies H from an fp32 pass, the "old" ones from (a) the same fp32 pass, (b) an fp32 pass chunked
+    differently (7 tokens a chunk), (c) a bf16 pass (backbone under bf16 autocast, hidden states and LM-head weight
+    rounded to bf16, as a bf16 inference engine computes them). Returns one row per old-entropy source, bound and
+    old-entropy bucket (``losses.ENTROPY_BUCKETS``, on the fp32 entropies) with the stopped fraction and the
+    bucket's share of tokens. The exact fp32 path of this project has no such noise: only (c) should be non-zero.
+    """
+    from klear_lib.logprobs import IGNORE_INDEX, token_logprobs_and_entropy
+    from klear_lib.losses import ENTROPY_BUCKETS, ENTROPY_EPS
+    from klear_lib.rollout import generate
+
+    torch.manual_seed(seed)
+    texts = generate(model, tokenizer, prompts, n=n, temperature=temperature, top_p=1.0,
+                     max_new_tokens=max_new_tokens)
+    heads = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    full = [h + c + tokenizer.eos_token for h, cs in zip(heads, texts) for c in cs]
+    starts = [len(tokenizer(h, add_special_tokens=False)["input_ids"]) for h in heads for _ in range(n)]
+    enc = tokenizer(full, return_tensors="pt", padding=True, add_special_tokens=False)
+    ids, att = enc["input_ids"], enc["attention_mask"]  # (B, L), left padding
+    pad = (att == 0).sum(dim=1)  # (B,)
+    pos = torch.arange(ids.shape[1]).unsqueeze(0)  # (1, L)
+    response = (pos >= (pad + torch.tensor(starts)).unsqueeze(1)) & (att == 1)  # (B, L) the completion's tokens
+    labels = ids[:, 1:].masked_fill(~response[:, 1:], IGNORE_INDEX)  # (B, L-1): the token each position predicts
+    backbone = getattr(model, model.base_model_prefix)
+    weight = model.get_output_embeddings().weight
+
+    def entropies(*, chunk=None, bf16=False):
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else torch.autocast("cpu", enabled=False)
+        with ctx:
+            hidden = backbone(input_ids=ids, attention_mask=att).last_hidden_state[:, :-1]  # (B, L-1, H)
+        h, w = hidden, weight
+        if bf16:
+            h, w = h.to(torch.bfloat16).float(), w.to(torch.bfloat16).float()
+        _, ent = token_logprobs_and_entropy(h.float(), w.float(), labels, temperature=temperature, chunk_size=chunk)
+        return ent  # (B, L-1), 0 off the response
+
+    valid = labels != IGNORE_INDEX
+    current = entropies()[valid]
+    sources = {"fp32, same pass": current, "fp32, chunked differently": entropies(chunk=7)[valid],
+               "bf16 pass": entropies(bf16=True)[valid]}
+    rows = []
+    for source, old in sources.items():
+        rho = (current + ENTROPY_EPS) / (old + ENTROPY_EPS)
+        for lo, hi in bounds:
+            stopped = (rho <= lo) | (rho >= hi)
+            for name, a, b in (("all", 0.0, float("inf")),) + tuple(ENTROPY_BUCKETS):
+                inb = (current >= a) & (current < b)
+                rows.append({"old entropies from": source, "bounds": f"({lo}, {hi})", "bucket": name,
+                             "token_share": float(inb.float().mean()),
+                             "stopped_frac": float(stopped[inb].float().mean()) if bool(inb.any()) else 0.0,
+                             "tokens": int(inb.sum())})
+    return pd.DataFrame(rows)

@@ -45,23 +45,39 @@ def curves(df: pd.DataFrame, metric: str, *, by: str = "variant", seed: str = "s
 def plot_curves(df: pd.DataFrame, metrics: list[str], *, by: str = "variant", x: str = "rollout",
                 facet: str | None = None, out: str | Path | None = None, ncols: int = 3, title: str | None = None):
     """One panel per metric (per metric and ``facet`` value when given), one line per ``by`` value: the mean over
-    seeds against ``x`` with a ±1 std band. Panel titles come from ``klear_lib.glossary``."""
+    seeds against ``x`` with a ±1 std band. A ``by`` value has the same colour in every panel; one legend for the
+    figure. Panel titles come from ``klear_lib.glossary``."""
     metrics = [m for m in metrics if m in df.columns]
     facets = list(dict.fromkeys(df[facet].dropna())) if facet else [None]
     panels = [(m, f) for m in metrics for f in facets]
+    colors = {name: f"C{i % 10}" for i, name in enumerate(dict.fromkeys(df[by].dropna()))}
     ncols = min(ncols, max(1, len(panels)))
     nrows = max(1, math.ceil(len(panels) / ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.2 * nrows), squeeze=False)
+    handles = {}
     for ax, (metric, value) in zip(axes.flat, panels):
         sub = df if value is None else df[df[facet] == value]
         c = curves(sub, metric, by=by, x=x)
         for name, g in c.groupby(by, sort=False):
-            ax.plot(g[x], g["mean"], marker="o" if metric.startswith("eval/") else None, ms=3, label=str(name))
-            ax.fill_between(g[x], g["mean"] - g["std"], g["mean"] + g["std"], alpha=0.2)
-        ax.set_title(metric_title(metric) + ("" if value is None else f" ({facet} {value})"), fontsize=10)
+            (line,) = ax.plot(g[x], g["mean"], marker="o" if metric.startswith("eval/") else None, ms=3,
+                              color=colors.get(name), label=str(name))
+            ax.fill_between(g[x], g["mean"] - g["std"], g["mean"] + g["std"], alpha=0.2, color=colors.get(name))
+            handles.setdefault(str(name), line)
+        ax.set_title(metric_title(metric) + ("" if value is None else f" ({facet} {value:g})" if isinstance(value, float)
+                                             else f" ({facet} {value})"), fontsize=10)
         ax.set_xlabel(metric_title(x))
         ax.grid(alpha=0.3)
-    return _finish(fig, axes, len(panels), legend=bool(panels), title=title, out=out)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    if handles:
+        fig.legend(handles.values(), handles.keys(), loc="upper right", fontsize=8, ncol=min(4, len(handles)))
+    if title:
+        fig.suptitle(title, x=0.02, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.93 if handles or title else 1))
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+    return fig
 
 
 def final_table(df: pd.DataFrame, *, by: str = "variant", seed: str = "seed", x: str = "rollout") -> pd.DataFrame:

@@ -4,12 +4,15 @@ The page is the first thing to open after ``make reproduce``. It reads only what
 puts on disk, plus ``<output root>/reproduce.json`` when ``klear reproduce`` wrote one:
 
     collect_runs(root)   every ``<root>/<notebook>/<stamp>/`` as a RunInfo, with a status:
-                         "ok"          summary.json present and the contract complete;
+                         "ran"         summary.json present and the contract complete (the notebook ran; whether
+                                       a claim reproduced is the claims table's business, never a status);
                          "failed"      the executed notebook holds an error output, or reproduce.json says so;
                          "incomplete"  no error found, but contract files missing or unreadable (interrupted,
                                        or still running)
-    render_report(root)  writes ``<root>/report.html``: an overview table, a wall-time chart, and one section
-                         per notebook (its newest run; older runs listed)
+    render_report(root)  writes ``<root>/report.html``: first one table of every claim of every notebook's newest
+                         run with its verdict, effect and interval (``klear_lib.claims``), then an overview
+                         table, a wall-time chart, and one section per notebook (its newest run; older runs
+                         listed). Runs at the ``smoke`` preset are marked: their numbers test the code path only.
 
 Figures are embedded as base64 data URIs and the CSS is inline, so the file can be mailed or archived alone.
 Every string read from a file is HTML-escaped; only the caller's ``intro_html`` is inserted as is.
@@ -54,7 +57,7 @@ class RunInfo:
     notebook: str
     run_dir: Path
     stamp: str
-    status: str  # "ok" | "failed" | "incomplete"
+    status: str  # "ran" | "failed" | "incomplete"
     error: str | None = None  # "<ename>: <evalue> (cell N)", or reproduce.json's message
     missing: list[str] = dataclasses.field(default_factory=list)  # contract files absent or unreadable
     preset: str | None = None
@@ -201,7 +204,7 @@ def read_run(run_dir: str | os.PathLike, reproduce_row: Mapping | None = None) -
         status = "failed"
         error = str(reproduce_row.get("message") or f"klear reproduce: {reproduce_row.get('status')}")
     else:
-        status = "incomplete" if missing else "ok"
+        status = "incomplete" if missing else "ran"
     preset = params_record.get("preset")
     return RunInfo(
         notebook=run_dir.parent.name,
@@ -305,7 +308,8 @@ caption{caption-side:top;text-align:left;font-weight:600;padding-bottom:.3em}
 tr.row-failed td{background:#fdecea}tr.row-incomplete td{background:#fff6e0}
 .badge{display:inline-block;padding:.05em .5em;border-radius:.3em;font-size:.75em;font-weight:600;
 color:#fff;vertical-align:middle}
-.ok{background:#2e7d32}.failed{background:#c62828}.incomplete{background:#d98c00}
+.ran{background:#2e7d32}.failed{background:#c62828}.incomplete{background:#d98c00}.smoke{background:#6d6d6d}
+.reproduced{background:#2e7d32}.reversed{background:#c62828}.inconclusive{background:#8a8a8a}
 .error{border:1px solid #c62828;background:#fdecea;color:#8e1c1c;padding:.5em .7em;white-space:pre-wrap;
 font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.85em;margin:.6em 0}
 .warn{border-left:4px solid #d98c00;padding-left:.6em}
@@ -352,6 +356,59 @@ def _td(value: Any) -> str:
 
 def _badge(status: str) -> str:
     return f'<span class="badge {_e(status)}">{_e(status)}</span>'
+
+
+def _smoke_badge(run: "RunInfo") -> str:
+    return " " + _badge("smoke") if run.preset == "smoke" else ""
+
+
+CLAIM_COLUMNS = ("notebook", "claim", "source", "metric", "effect", "95% interval", "seeds", "verdict")
+
+
+def claim_rows(latest: Mapping[str, "RunInfo"]) -> list[dict]:
+    """Every claim (``summary["claims"]``) of every notebook's newest run that ran, with its notebook and preset;
+    malformed claims are skipped with a warning naming the run."""
+    from klear_lib.claims import validate_claims
+
+    out = []
+    for nb, run in latest.items():
+        found = run.summary.get("claims") if isinstance(run.summary, dict) else None
+        if run.status != "ran" or not found:
+            continue
+        try:
+            validate_claims(found, where=f"{run.run_dir}/summary.json claims")
+        except ValueError as err:
+            warnings.warn(f"report: skipping the claims of {run.run_dir}: {err}")
+            continue
+        out += [{**c, "notebook": nb, "preset": run.preset} for c in found]
+    return out
+
+
+def claims_html(latest: Mapping[str, "RunInfo"]) -> str:
+    """The report's first section: one row per claim, its verdict as a badge; smoke runs marked."""
+    rows = claim_rows(latest)
+    if not rows:
+        return "<h2>Claims</h2><p>No notebook run has written claims yet.</p>"
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("reproduced", "reversed", "inconclusive")}
+    smoke = any(r["preset"] == "smoke" for r in rows)
+    head = "<thead><tr>" + "".join(f"<th>{_e(c)}</th>" for c in CLAIM_COLUMNS) + "</tr></thead>"
+    body = []
+    for r in rows:
+        interval = f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]"
+        mark = " (smoke)" if r["preset"] == "smoke" else ""
+        body.append(
+            f'<tr><td><a href="#{_e(r["notebook"])}">{_e(r["notebook"])}</a>{_e(mark)}</td>'
+            f'<td>{_e(r["claim"])}<br><span class="meta">{_e(r["id"])}</span></td><td>{_e(r["source"])}</td>'
+            f'<td>{_e(r["metric"])}</td>{_td(r["effect"])}<td class="num">{_e(interval)}</td>{_td(r["seeds"])}'
+            f'<td>{_badge(r["verdict"])}</td></tr>')
+    note = ("<p class=\"warn\">Some claims come from <code>smoke</code> runs: those check the code path on a few "
+            "steps, and their verdicts mean nothing.</p>") if smoke else ""
+    return ("<h2>Claims</h2>"
+            f"<p>{len(rows)} claims: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + ". Each verdict comes "
+            "from its interval by one rule (<code>klear_lib.claims</code>): <b>reproduced</b> when the 95% interval "
+            "excludes 0 on the paper's side, <b>reversed</b> when it excludes 0 on the other side, "
+            "<b>inconclusive</b> otherwise.</p>" + note
+            + f"<table>{head}<tbody>{''.join(body)}</tbody></table>")
 
 
 def _table(header: Sequence[str] | None, rows: Iterable[Sequence[Any]], caption: str = "") -> str:
@@ -421,7 +478,7 @@ def _stamp_text(run: RunInfo) -> str:
 def run_section_html(run: RunInfo, older: Sequence[RunInfo] = ()) -> str:
     """One ``<section>`` for a notebook: its newest `run` in full, the `older` runs as a list."""
     nb = _e(run.notebook)
-    parts = [f'<section id="{nb}">', f"<h2>{nb} {_badge(run.status)}</h2>"]
+    parts = [f'<section id="{nb}">', f"<h2>{nb} {_badge(run.status)}{_smoke_badge(run)}</h2>"]
     meta = [f"run <code>{_e(_stamp_text(run))}</code>"]
     if run.preset:
         meta.append(f"preset <code>{_e(run.preset)}</code>")
@@ -429,6 +486,9 @@ def run_section_html(run: RunInfo, older: Sequence[RunInfo] = ()) -> str:
         meta.append(f"seeds {_e(', '.join(map(str, run.seeds)))}")
     meta.append(f"<code>{_e(str(run.run_dir))}</code>")
     parts.append(f'<p class="meta">{" · ".join(meta)}</p>')
+    if run.preset == "smoke":
+        parts.append('<p class="warn">A <code>smoke</code> run: it checks that every code path runs, on a few steps; '
+                     "its numbers and verdicts mean nothing.</p>")
     if run.status == "failed":
         parts.append(f'<div class="error">{_e(run.error or "failed")}</div>')
     if run.missing and run.stamp:
@@ -483,7 +543,7 @@ def _wall_time_chart(rows: Sequence[Mapping]) -> str:
         return ""
     from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend and figures alone
 
-    colors = {"ok": "#2e7d32", "incomplete": "#d98c00"}
+    colors = {"ran": "#2e7d32", "ok": "#2e7d32", "incomplete": "#d98c00"}
     fig = Figure(figsize=(8, 0.45 * len(rows) + 1.0))
     ax = fig.add_subplot()
     names = [str(r["notebook"]) for r in rows][::-1]
@@ -491,7 +551,7 @@ def _wall_time_chart(rows: Sequence[Mapping]) -> str:
     stat = [str(r.get("status", "")).lower() for r in rows][::-1]
     ax.barh(names, secs, color=[colors.get(s, "#c62828") for s in stat])
     for y, (s, st) in enumerate(zip(secs, stat)):
-        ax.text(s, y, f" {s:.0f} s" + ("" if st == "ok" else f" ({st})"), va="center", fontsize=8)
+        ax.text(s, y, f" {s:.0f} s" + ("" if st in ("ran", "ok") else f" ({st})"), va="center", fontsize=8)
     ax.set_xlabel("wall time (s)")
     ax.set_xlim(0, max(secs) * 1.15 or 1)
     ax.grid(axis="x", alpha=0.3)
@@ -581,13 +641,14 @@ def render_report(
             f"{_e(str(log.get('started')))}" + (f", {_e(_fmt(total))} s in all" if _is_num(total) else "") + "."
         )
 
-    counts = {s: sum(r.status == s for r in latest.values()) for s in ("ok", "failed", "incomplete")}
+    counts = {s: sum(r.status == s for r in latest.values()) for s in ("ran", "failed", "incomplete")}
     overview = ["<table><thead><tr><th>notebook</th><th>status</th><th>run</th><th>seconds</th><th>error</th>"
                 "</tr></thead><tbody>"]
     for nb, run in latest.items():
         err = run.error or (f"missing {', '.join(run.missing)}" if run.status == "incomplete" else "")
         overview.append(
-            f'<tr class="row-{_e(run.status)}"><td><a href="#{_e(nb)}">{_e(nb)}</a></td><td>{_badge(run.status)}</td>'
+            f'<tr class="row-{_e(run.status)}"><td><a href="#{_e(nb)}">{_e(nb)}</a></td><td>{_badge(run.status)}'
+            f'{_smoke_badge(run)}</td>'
             f"<td><code>{_e(_stamp_text(run))}</code></td>{_td(seconds.get(nb))}<td>{_e(err)}</td></tr>"
         )
     overview.append("</tbody></table>")
@@ -596,6 +657,7 @@ def render_report(
         f"<h1>{_e(title)}</h1>",
         f'<p class="meta">{" ".join(head)}</p>',
         intro_html,
+        claims_html(latest),
         "<h2>Overview</h2>",
         f"<p>{len(latest)} notebooks: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) + ".</p>"
         if latest else "<p>No run directories yet.</p>",

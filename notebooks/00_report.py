@@ -63,7 +63,7 @@ for nb, run in sorted(latest.items()):
 path = report.render_report(root, out)
 size = path.stat().st_size
 print(f"wrote {path} ({size / 1e6:.2f} MB)")
-failed = sorted(nb for nb, r in latest.items() if r.status != "ok")
+failed = sorted(nb for nb, r in latest.items() if r.status != "ran")
 runs.write_summary(run_path, {"report": str(path), "bytes": size, "notebooks": sorted(latest),
                               "not_ok": failed, "runs": len(all_runs)})
 with runs.MetricsWriter(run_path / "metrics.jsonl"):
@@ -75,6 +75,7 @@ with runs.MetricsWriter(run_path / "metrics.jsonl"):
 html = path.read_text(encoding="utf-8")
 print("run-dir contract complete:", not runs.check_run_dir(run_path))
 print("at least one notebook has a run:", bool(latest))
-print("every latest run ok:", not failed)
+print("every latest run ran:", not failed)
+print("the claims table comes first:", html.index("<h2>Claims</h2>") < html.index("<h2>Overview</h2>"))
 print("every notebook has a section in the HTML:", all(f'<section id="{nb}">' in html for nb in latest))
 print("figures embedded:", html.count("data:image/png;base64,") >= sum(len(r.figures) for r in latest.values()))

@@ -2,7 +2,7 @@
 # # 01 · SFT data sources: few good sources or many diverse ones?
 #
 # Klear-Reasoner's long-CoT SFT data comes from many sources. The report (arXiv 2508.07629, §3; the project's
-# `../shared/docs/klear_reference.md` §6) ranks the sources by quality, mixes the **Top-K** of them at a fixed
+# `docs/reference.md` §6) ranks the sources by quality, mixes the **Top-K** of them at a fixed
 # budget (31,600 math samples, chosen by K-center greedy for diversity) and finds that *a few high-quality sources
 # beat many diverse ones*:
 #

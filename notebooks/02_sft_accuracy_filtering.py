@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 02 · Should incorrect teacher responses be filtered out of SFT data?
 #
-# Klear-Reasoner (arXiv 2508.07629, §3; the project's `../shared/docs/klear_reference.md` §6) compares SFT on
+# Klear-Reasoner (arXiv 2508.07629, §3; `docs/reference.md` §6) compares SFT on
 # **Only-True** data (teacher responses whose answer verifies) against **Mixed** data (incorrect responses kept),
 # separately on easy problems, hard problems and all of them, with difficulty from measured pass rates. Its
 # finding: *filter on easy problems, keep the incorrect responses on hard ones*, where they still show long

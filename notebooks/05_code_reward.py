@@ -2,7 +2,7 @@
 # # 05 · Code reward: soft (pass rate) vs hard (all tests) vs signed
 #
 # Klear-Reasoner rewards code by running the model's program against up to 16 test cases in a sandbox
-# (Klear-Reasoner report, arXiv 2508.07629; `../shared/docs/klear_reference.md` §5 in the project's docs):
+# (Klear-Reasoner report, arXiv 2508.07629; `docs/reference.md` §5):
 #
 # $$ r_{\text{soft}} = \frac{\#\text{passed}}{\#\text{tests}}, \qquad
 #    r_{\text{hard}} = \mathbb{1}[\#\text{passed} = \#\text{tests}], \qquad

@@ -4,7 +4,7 @@
 # Klear-Reasoner reports **avg@64** on AIME24, AIME25 and HMMT25 and **avg@8** on LiveCodeBench v5
 # (2024-08-01..2025-02-01) and v6 (2025-02-01..2025-05-01), sampling at T 0.6, top-p 0.95, top-k 20, repetition
 # penalty 1.05, with 32K response tokens, or 64K with YaRN (factor 2.5 over a 32K original context)
-# (`../shared/docs/klear_reference.md` §7). Math is judged by math-verify, a code sample is correct only if every
+# (`docs/reference.md` §7). Math is judged by math-verify, a code sample is correct only if every
 # test passes. avg@n is an unbiased pass@1; its interval here is a 95% bootstrap over problems (the paper reports
 # none: with 30 problems per benchmark, one problem is 3.3 points).
 #
@@ -24,11 +24,9 @@
 # (the short one cuts the longest chains, as 32K cuts some of Klear's responses). The `gpu` preset evaluates
 # released checkpoints on the real benchmarks with vLLM.
 #
-# *Evaluation temperature.* The `gpu` and `paper` presets sample at the paper's T 0.6. The `tiny` preset samples at
-# T 1.0, the rollout temperature, as notebooks 03-06 do: the tiny SFT model learned the arithmetic from a teacher
-# that errs on 20% of steps, and T 0.6 already removes that noise (measured: avg@8 0.991 for the SFT model and
-# 0.990 after RL at 56 tokens), leaving nothing for the RL row to show. top-k 20 and the repetition penalty 1.05
-# stay as in the protocol.
+# *Evaluation temperature.* Every preset samples at the paper's T 0.6, top-k 20, repetition penalty 1.05. The tiny
+# SFT model is the RL notebooks' start (03, 04, 06; the same cached model): its teacher wrote four addition facts
+# wrong 80% of the time, so its mode on them is wrong and T 0.6 does not hide what RL has to build.
 
 # %% tags=["parameters"]
 # Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
@@ -42,7 +40,7 @@ n = 8                                          # samples per problem; 0: each be
 budgets = "40,56"                              # response-token budgets (paper: 32768 and 65536)
 yarn_factor = 0.0                              # > 0: YaRN for budgets above original_context (paper: 2.5)
 original_context = 32768
-temperature = 1.0                              # the paper: 0.6 (the gpu/paper presets); see the note below
+temperature = 0.6                              # the paper's
 top_p = 0.95
 top_k = 20
 repetition_penalty = 1.05
@@ -50,21 +48,25 @@ seed = 0
 limit = 0                                      # first `limit` problems of each benchmark (0: all)
 batch_size = 128                               # HF engine: sequences per generate call
 judge_workers = 2
-# The tiny task and the tiny training (used when train_tiny; as notebook 03/04's SFT, then GPPO RL)
+# The tiny task and the tiny training (used when train_tiny): notebook 03's SFT start, then Klear's recipe at tiny
+# scale (GPPO ε 0.2/0.28, α 0.1, 8 updates per rollout)
 model = "tiny"
 n_train = 6000
 n_heldout = 128
+levels = "1,2,3,4"
 sft_lr = 2e-3
 sft_epochs = 2.0
 sft_batch_size = 32
-sft_error_rate = 0.2
-rollouts = 5
-rollout_prompts = 32
-mini_batch_prompts = 4
+fork_facts = "2+3->6,5+1->7,7+2->8,9+3->1"
+fork_wrong_rate = 0.8
+rollouts = 6
+rollout_prompts = 8
+mini_batch_prompts = 1
 num_generations = 8
 max_completion_length = 56
 rl_lr = 5e-5
-eval_every = 5
+sft_alpha = 0.1
+eval_every = 6
 eval_n = 4
 use_vllm = False
 use_cpu = True
@@ -83,13 +85,11 @@ import pandas as pd
 import torch
 from IPython.display import display
 
-from klear_lib import models, runs
+from klear_lib import claims, models, notebook, runs
 from klear_lib.config import RLExperimentConfig
 from klear_lib.evaluation import benchmarks as B
 from klear_lib.evaluation.evaluate import evaluate_benchmark
 from klear_lib.notebook import quiet
-from klear_lib.rewards.math import score_math
-from klear_lib.rewards.pool import RewardPool
 from klear_lib.rollout import SamplingConfig, make_engine
 
 
@@ -114,18 +114,17 @@ budget_list = [int(b) for b in str(budgets).split(",") if b.strip()]
 if not (ckpts or train_tiny):
     raise ValueError("nothing to evaluate: set checkpoints='label=path,...' or train_tiny=True")
 base = RLExperimentConfig.from_params(dict(
-    model=model, n_train=n_train, n_heldout=n_heldout, sft_lr=sft_lr, sft_epochs=sft_epochs,
-    sft_batch_size=sft_batch_size, sft_error_rate=sft_error_rate, rollouts=rollouts, rollout_prompts=rollout_prompts,
-    mini_batch_prompts=mini_batch_prompts, num_generations=num_generations,
-    max_completion_length=max_completion_length, rl_lr=rl_lr, eval_every=eval_every, eval_n=eval_n,
-    eval_temperature=1.0, use_vllm=use_vllm, use_cpu=use_cpu, bf16=bf16, loss="gppo", seed=seed,
+    model=model, n_train=n_train, n_heldout=n_heldout, levels=levels, sft_lr=sft_lr, sft_epochs=sft_epochs,
+    sft_batch_size=sft_batch_size, fork_facts=fork_facts, fork_wrong_rate=fork_wrong_rate, rollouts=rollouts,
+    rollout_prompts=rollout_prompts, mini_batch_prompts=mini_batch_prompts, num_generations=num_generations,
+    max_completion_length=max_completion_length, rl_lr=rl_lr, sft_alpha=sft_alpha, eval_every=eval_every,
+    eval_n=eval_n, eval_temperature=temperature, use_vllm=use_vllm, use_cpu=use_cpu, bf16=bf16, loss="gppo",
+    seed=seed,
 ))
 protocol = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k or None,
                           repetition_penalty=repetition_penalty, max_new_tokens=max(budget_list), seed=seed)
 
-run_path = Path(run_dir) if run_dir else runs.create_run_dir("outputs", "07_evaluation")
-run_path.mkdir(parents=True, exist_ok=True)
-runs.write_run_metadata(run_path, {"seed": seed, "benchmarks": bench_names, "benchmark_paths": paths, "checkpoints": ckpts,
+run_path = notebook.start_run("07_evaluation", run_dir, {"seed": seed, "benchmarks": bench_names, "benchmark_paths": paths, "checkpoints": ckpts,
                                    "train_tiny": train_tiny, "tiny": base, "engine": engine, "n": n,
                                    "budgets": budget_list, "yarn_factor": yarn_factor,
                                    "original_context": original_context, "protocol": protocol, "limit": limit})
@@ -148,8 +147,8 @@ display(pd.DataFrame([{"benchmark": b.name, "kind": b.kind, "problems": len(b.pr
 
 # %% [markdown]
 # ## Tiny checkpoints: SFT, then SFT + GPPO
-# Skipped when `train_tiny` is false. The RL run is Klear's recipe at tiny scale (GPPO, ε 0.2/0.28, α 0.1); its
-# own held-out curve (T 1.0) goes to `metrics.jsonl`.
+# Skipped when `train_tiny` is false. The SFT model is the RL notebooks' cached start; the RL run is Klear's recipe
+# at tiny scale (GPPO, ε 0.2/0.28, α 0.1, dynamic sampling); its own held-out curve goes to `metrics.jsonl`.
 
 # %%
 if train_tiny:
@@ -157,7 +156,7 @@ if train_tiny:
     from klear_lib.train.sft import arithmetic_warm_start
 
     clock = time.perf_counter()
-    ws = arithmetic_warm_start(base, run_path / "sft")
+    ws = arithmetic_warm_start(base, run_path / "sft", cache_root=run_path.parent.parent / ".cache")
     runs.set_seed(seed)
     rl_model, rl_tok = models.load_model_and_tokenizer(ws.sft_dir, dtype=torch.float32)
     with runs.MetricsWriter(run_path / "metrics.jsonl") as writer:
@@ -191,10 +190,8 @@ def engine_options(yarn):
 
 rows, clock = [], time.perf_counter()
 with contextlib.ExitStack() as stack:
-    # One math-verify pool, opened once; code benchmarks open their own per call (its time limit covers every test).
-    pools = {"code": None}
-    if any(b.kind == "math" for b in benches.values()):
-        pools["math"] = stack.enter_context(RewardPool(score_math, workers=judge_workers, group_key="gold"))
+    # One judge pool per benchmark, opened once for every checkpoint and budget (each benchmark sets up its own).
+    pools = {name: stack.enter_context(B.open_judge_pool(bench, workers=judge_workers)) for name, bench in benches.items()}
     for label, path in ckpts.items():
         for yarn in sorted({bool(yarn_factor) and b > original_context for b in budget_list}):
             eng = make_engine(engine, path, **engine_options(yarn))
@@ -203,7 +200,7 @@ with contextlib.ExitStack() as stack:
                     for name, bench in benches.items():
                         sampling = protocol.replace(n=n or bench.n, max_new_tokens=budget)
                         res = evaluate_benchmark(eng, bench, sampling, run_path / "samples" / label / str(budget),
-                                                 pool=pools[bench.kind], label=f"{label}@{budget}",
+                                                 pool=pools[name], label=f"{label}@{budget}",
                                                  workers=judge_workers)
                         rows.append({"checkpoint": label, "budget": budget, "yarn": yarn, **res})
                         print(f"{label:>8} @{budget:>6} {name:<16} avg@{res['n']} = {res['avg_at_n']:.4f} "
@@ -272,19 +269,33 @@ PAPER = pd.DataFrame(
 display(PAPER)
 ours = res.pivot_table(index=["checkpoint", "budget"], columns="benchmark", values="avg_at_n", sort=False) * 100
 display(ours.style.format("{:.1f}"))
-# Directions Table 1 shows, checked on our numbers (per benchmark, at every budget / for every checkpoint).
-checks = {}
-if {"SFT", "SFT+RL"} <= set(res.checkpoint):
-    a = res[res.checkpoint == "SFT"].set_index(["budget", "benchmark"]).avg_at_n
-    b = res[res.checkpoint == "SFT+RL"].set_index(["budget", "benchmark"]).avg_at_n
-    checks["RL above SFT (paper: +2.7 to +7.6 points at 32K)"] = bool((b > a).all())
-if len(budget_list) > 1:
-    lo_b, hi_b = min(budget_list), max(budget_list)
-    g = res.set_index(["checkpoint", "benchmark", "budget"]).avg_at_n
-    checks["longer budget not below the shorter (paper: +4.9 to +10.5 points)"] = bool(
-        all(g[(c, bm, hi_b)] >= g[(c, bm, lo_b)] for c, bm in res.set_index(["checkpoint", "benchmark"]).index.unique()))
-for k, v in checks.items():
-    print(f"{k}: {v}")
+# The directions Table 1 shows, as claims: a paired difference over problems (each problem's avg@n under two
+# conditions; one training seed, so the interval covers the problems and the sampling, not training runs).
+def per_problem(label, budget, bench):
+    path = run_path / "samples" / label / str(budget) / f"{bench}.judged.jsonl"
+    rows_ = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {r["id"]: float(np.mean(r["correct"])) for r in rows_}
+
+
+claim_list = []
+hi_b, lo_b = max(budget_list), min(budget_list)
+for name in benches:
+    if {"SFT", "SFT+RL"} <= set(res.checkpoint):
+        c = claims.paired_claim(f"rl_above_sft.{name}@{hi_b}", "RL (GPPO) lifts the SFT model", "Klear-Reasoner Table 1",
+                                f"avg@n on {name} at {hi_b} tokens, SFT+RL - SFT (paired over problems)",
+                                per_problem("SFT+RL", hi_b, name), per_problem("SFT", hi_b, name))
+        c["note"] = "one training seed: the interval is over problems (and samples), not over training runs"
+        claim_list.append(c)
+    if hi_b != lo_b:
+        for ck in [c for c in ("SFT+RL", "SFT") if c in set(res.checkpoint)][:1]:
+            c = claims.paired_claim(f"longer_budget.{ck}.{name}", "a longer response budget scores higher",
+                                    "Klear-Reasoner Table 1 (32K vs 64K + YaRN)",
+                                    f"avg@n on {name}, {ck}: {hi_b} - {lo_b} tokens (paired over problems)",
+                                    per_problem(ck, hi_b, name), per_problem(ck, lo_b, name))
+            c["note"] = "one training seed: the interval is over problems (and samples)"
+            claim_list.append(c)
+display(pd.DataFrame(claim_list)[["id", "effect", "ci_low", "ci_high", "verdict"]].round(4) if claim_list else "no claims")
+checks = {c["id"]: c["verdict"] for c in claim_list}
 
 beside = {"caption": "Table 1: the paper's avg@n (%) beside ours (avg@n %, 95% bootstrap CI)",
           "columns": ["row", *[f"{c}" for c in PAPER.columns], *[f"ours: {b}" for b in ours.columns]],
@@ -294,8 +305,8 @@ for idx, prow in PAPER.iterrows():
 for (ck, bud), orow in ours.iterrows():
     beside["rows"].append([f"ours: {ck} @ {bud} tokens", *[None] * len(PAPER.columns),
                            *[round(float(v), 2) for v in orow.tolist()]])
-runs.write_summary(run_path, {"results": rows, "checks": checks, "beside_paper": beside,
-                              "figures": ["figures/evaluation.png"]})
+notebook.write_summary(run_path, {"results": rows, "checks": checks, "claims": claim_list, "beside_paper": beside,
+                                  "figures": ["figures/evaluation.png"]})
 
 # %% [markdown]
 # What the stand-in **cannot** show: anything about the real benchmarks' difficulty, long-context effects of
@@ -313,3 +324,4 @@ print("intervals contain their estimate:", all(r["ci_low"] <= r["avg_at_n"] <= r
 print("pass@k never falls with k:", all(np.all(np.diff(list(r["pass_at_k"].values())) >= -1e-12) for r in rows))
 print("samples written for every row:", all((run_path / "samples" / r["checkpoint"] / str(r["budget"]) /
                                               f"{r['benchmark']}.samples.jsonl").is_file() for r in rows))
+print("every claim has a verdict from its interval:", bool(claims.validate_claims(claim_list) or True))

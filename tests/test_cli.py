@@ -175,14 +175,14 @@ def test_reproduce_runs_every_notebook_with_the_preset_and_continues_past_failur
     captured = capsys.readouterr()
     table = captured.out.splitlines()
     assert table[0].split()[:2] == ["notebook", "status"]
-    assert [row.split()[:2] for row in table[1:4]] == [["98_fails", "FAILED"], ["99_dummy", "ok"], ["report", "ok"]]
+    assert [row.split()[:2] for row in table[1:4]] == [["98_fails", "FAILED"], ["99_dummy", "ran"], ["report", "ran"]]
     assert str(run_dirs(out_root, "99_dummy")[0]) in table[2]  # the 99 ran after 98 failed
     assert table[4].startswith("total: ") and table[4].endswith(str(out_root / "report.html"))
     assert "1 of 2 notebooks failed: 98_fails" in captured.err
 
     # The log the report reads, and the report: the failure with its cause, the other notebook ok.
     log = json.loads((out_root / "reproduce.json").read_text())
-    assert [(r["notebook"], r["status"]) for r in log["rows"]] == [("98_fails", "FAILED"), ("99_dummy", "ok")]
+    assert [(r["notebook"], r["status"]) for r in log["rows"]] == [("98_fails", "FAILED"), ("99_dummy", "ran")]
     assert "RuntimeError: fixture failure, x=1" in log["rows"][0]["message"]
     html = (out_root / "report.html").read_text()
     assert '<section id="98_fails">' in html and '<section id="99_dummy">' in html

@@ -89,7 +89,7 @@ def test_statuses_errors_and_missing_files(outputs):
         ("02_rl", "20250102-100000"), ("03_erc", "20250102-110000")]
     got = by_nb(found)
     ok = got["01_sft", "20250102-090000"]
-    assert (ok.status, ok.error, ok.missing, ok.preset) == ("ok", None, [], "tiny")
+    assert (ok.status, ok.error, ok.missing, ok.preset) == ("ran", None, [], "tiny")
     assert ok.figures == [outputs / "01_sft" / "20250102-090000" / "figures" / "curve.png"]
     assert ok.config == {"lr": 1e-3, "seed": 0} and ok.git["commit"] and "python" in ok.versions
     failed = got["02_rl", "20250102-100000"]
@@ -106,7 +106,7 @@ def test_error_in_a_raises_exception_cell_does_not_fail_the_run(tmp_path):
     nb = nbformat.read(str(d / runs.NOTEBOOK_FILE), as_version=4)
     nb.cells[3].metadata["tags"] = ["raises-exception"]
     nbformat.write(nb, str(d / runs.NOTEBOOK_FILE))
-    assert report.collect_runs(tmp_path)[0].status == "ok"
+    assert report.collect_runs(tmp_path)[0].status == "ran"
 
 
 def test_long_error_value_is_shortened(tmp_path):
@@ -211,7 +211,7 @@ def test_reproduce_log_rows(outputs):
     (outputs / "reproduce.json").write_text(json.dumps(log))
     assert report.read_reproduce_log(outputs) == log
     got = by_nb(report.collect_runs(outputs))
-    assert got["01_sft", "20250102-090000"].status == "ok"
+    assert got["01_sft", "20250102-090000"].status == "ran"
     assert (got["03_erc", "20250102-110000"].status, got["03_erc", "20250102-110000"].error) == (
         "failed", "kernel died")  # the notebook holds no error output, but reproduce.json says it failed
     page = report.render_report(outputs).read_text(encoding="utf-8")
@@ -249,3 +249,25 @@ def test_section_of_a_failed_run_shows_the_error_in_a_box(outputs):
     assert html.startswith('<section id="02_rl">') and html.endswith("</section>")
     assert '<div class="error">KeyError: &#x27;erc/ratio_p95&#x27; (cell 3)</div>' in html
     assert '<span class="badge failed">failed</span>' in html
+
+
+def test_the_report_opens_with_every_claim_and_its_verdict_and_marks_smoke_runs(tmp_path):
+    from klear_lib import claims
+
+    good = claims.paired_claim("gppo_vs_dapo", "GPPO beats DAPO", "Fig. 3", "auc", {0: 0.6, 1: 0.7}, {0: 0.5, 1: 0.55})
+    bad = claims.paired_claim("erc", "ERC <stabilises>", "ERC paper", "cv", {0: 0.1, 1: 0.2}, {0: 0.3, 1: 0.35},
+                              direction=1)
+    make_run(tmp_path, "03_rl", "20250101-120000", summary={"claims": [good]})
+    make_run(tmp_path, "04_erc", "20250101-120000", summary={"claims": [bad]}, preset="smoke")
+    make_run(tmp_path, "05_code", "20250101-120000", summary={"claims": [{**good, "verdict": "reversed"}]})  # invalid
+    with pytest.warns(UserWarning, match="05_code.*does not follow from the interval"):
+        html = report.render_report(tmp_path).read_text()
+    assert html.index("<h2>Claims</h2>") < html.index("<h2>Overview</h2>")
+    claims_part = html[html.index("<h2>Claims</h2>"):html.index("<h2>Overview</h2>")]
+    assert "2 claims: 1 reproduced, 1 reversed, 0 inconclusive" in claims_part
+    assert '<span class="badge reproduced">reproduced</span>' in claims_part
+    assert '<span class="badge reversed">reversed</span>' in claims_part
+    assert "ERC &lt;stabilises&gt;" in claims_part  # escaped
+    assert "04_erc</a> (smoke)" in claims_part and "verdicts mean nothing" in claims_part
+    assert '<span class="badge smoke">smoke</span>' in html
+    assert '<span class="badge ran">ran</span>' in html and '<span class="badge ok">' not in html

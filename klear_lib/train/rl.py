@@ -9,20 +9,27 @@ How it departs from TRL's GRPOTrainer (and so from GRPO as TRL implements it):
    to the loss as ``old_entropy`` for ERC. Log-probs and entropies come from ``klear_lib.logprobs`` on the
    backbone's hidden states (``KlearLossConfig.logprob_backend="klear"``) or from TRL's fused LM head ("trl").
 3. Advantages are recomputed from the raw rewards with ``klear_lib.advantages.grpo_advantages`` (Klear: the
-   unbiased std and ε = 1e-6; TRL: ε = 1e-4), and Klear's zero-advantage group filter removes whole groups
-   from the loss (their tokens leave the token-mean denominator; the batch is not refilled, as in Klear).
-4. The positive-sample SFT term ``α · NLL`` over fully-correct responses is added (reference section 2).
-5. Several optimizer steps per rollout batch come from TRL's own ``steps_per_generation`` (one rollout batch
-   of ``rollout_prompts`` prompts, split into mini-batches of ``mini_batch_prompts``): from the second
-   mini-batch on, the ratio differs from 1, which is what every clip variant acts on (reference section 1,
-   "on-policy steps hide GPPO").
+   unbiased std and ε = 1e-6; TRL: ε = 1e-4).
+4. Dynamic sampling, as Klear does it, replaces TRL's fixed ``steps_per_generation`` buffer: a rollout generates
+   ``oversample_factor`` × ``rollout_prompts`` prompts (Klear: 256 for 128), keeps the groups that pass the filter
+   (``filter_rule``: Klear's fully-correct indicator or DAPO's rewards must vary) up to ``rollout_prompts`` in draw
+   order, and packs them whole into mini-batches of ``mini_batch_prompts``, one optimizer step each; with
+   ``max_gen_batches`` > 1 it draws further generation batches while it has kept fewer (DAPO's and Klear's
+   ``max_num_gen_batches``). A rollout that keeps fewer groups makes fewer optimizer steps; one that keeps none
+   makes none (no AdamW step ever runs without a response token). From the second mini-batch of a rollout on,
+   the ratio differs from 1, which is what every clip variant acts on (reference §1, "on-policy steps hide
+   GPPO"). Training counts rollouts, not steps (``rollouts``); ``on_rollout`` callbacks see every boundary.
+5. The positive-sample SFT term ``α · NLL`` over fully-correct responses is added (reference §2). With several
+   processes each token-mean is over the global mini-batch (docs/scale.md, "Token-mean normalisation").
 
 With vLLM rollouts, the old log-probs and entropies come from the training model's scoring pass (as in verl);
 TRL's vLLM importance-sampling correction is not applied and must be off.
 
 TRL internals overridden (pinned to ``TRL_VERSION``; ``tests/test_trl_contract.py`` fails when they move):
 ``_generate_and_score_completions``, ``_calculate_rewards``, ``_get_per_token_logps_and_entropies``,
-``_compute_loss``.
+``_compute_loss``, ``_prepare_inputs`` (the dataloader's batch is ignored: rollouts draw their own prompts) and
+``_save_checkpoint`` (the rollout count and the prompt sampler are saved beside each checkpoint; a resumed run
+generates the rollout it was in again).
 """
 
 from __future__ import annotations
