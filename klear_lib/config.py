@@ -46,6 +46,9 @@ def _coerce(value, hint, where: str):
     raise TypeError(f"{where} must be {names}, got {value!r} ({type(value).__name__})")
 
 
+TRACKERS = ("none", "tensorboard", "trackio", "wandb")
+
+
 def _check_ranges(cfg, *, positive=(), unit=(), non_negative=()) -> None:
     """Raise ValueError naming the first field out of its range: ``positive`` (> 0), ``unit`` (in [0, 1]),
     ``non_negative`` (>= 0)."""
@@ -84,6 +87,13 @@ class TaskModelConfig:
     """Layers of the tiny model."""
     vocab_size: int = 1024
     """Upper bound of the tiny tokenizer's BPE vocabulary (the task's text needs only a few hundred)."""
+    report_to: str = "none"
+    """Experiment tracker for TRL's trainers: ``none``, ``tensorboard``, ``trackio`` or ``wandb`` (the package must
+    be installed). Its files go to ``<run dir>/tracking/<unit>``; ``metrics.jsonl`` is written either way."""
+
+    def __post_init__(self) -> None:
+        if self.report_to not in TRACKERS:
+            raise ValueError(f"{type(self).__name__}.report_to must be one of {list(TRACKERS)}, got {self.report_to!r}")
 
     @property
     def level_list(self) -> tuple[int, ...]:
@@ -204,6 +214,7 @@ class RLExperimentConfig(TaskModelConfig):
     """Evaluation top-p (paper 0.95)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check_ranges(self, positive=("sft_lr", "rl_lr", "sft_epochs", "sft_batch_size", "rollouts", "rollout_prompts",
                                       "mini_batch_prompts", "max_completion_length", "eval_every", "eval_n",
                                       "temperature", "n_train", "n_heldout"),

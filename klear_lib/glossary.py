@@ -107,6 +107,7 @@ GLOSSARY.update({
     "lr": ("learning rate (arm)", "the arm's learning rate (a tag)"),
     "loss_name": ("loss", "the arm's loss (a tag)"),
     "erc": ("ERC bounds", "the arm's ERC bounds (a tag)"),
+    "alpha": ("α", "the arm's α of the positive-sample term (a tag)"),
     "arm": ("arm", "the arm of the ablation (a tag)"),
 })
 

@@ -64,7 +64,7 @@ eval_every = 2
 eval_n = 4
 eval_temperature = 0.6
 collapse_entropy_factor = 3.0                  # an entropy above this × its first step's value counts as a collapse
-probe_prompts = 32                             # the noise-floor probe's prompts (n = 4 completions each)
+probe_prompts = 32                             # the noise-floor probe's prompts, 4 completions each
 workers = 2
 use_vllm = False
 use_cpu = True

@@ -64,3 +64,18 @@ def test_check_cell_stores_only_preset_independent_invariants(ipynb: pathlib.Pat
     assert [line.rsplit(": ", 1)[0] for line in lines] == labels, (
         f"{ipynb.stem}: the stored output does not match the cell's print() labels (re-run the notebook and save, "
         f"or `tools/store_check_output.py` an executed copy)")
+
+
+@pytest.mark.parametrize("ipynb", IPYNBS, ids=lambda p: p.stem)
+def test_every_parameter_is_visible_to_papermill(ipynb: pathlib.Path):
+    """`klear run -p key=value` accepts only the parameters papermill finds in the tagged cell; papermill skips a
+    line it cannot parse (e.g. an '=' inside a string or a comment), which would make that parameter unknown."""
+    from papermill.translators import PythonTranslator
+
+    nb = nbformat.read(ipynb, as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", []))
+    found = {p.name for p in PythonTranslator.inspect(cell)}
+    declared = [line.split("=", 1)[0].strip() for line in cell.source.splitlines()
+                if "=" in line and not line.lstrip().startswith("#")]
+    assert declared and not [d for d in declared if d not in found], (
+        f"{ipynb.stem}: papermill cannot read {[d for d in declared if d not in found]} (no '=' in values or comments)")

@@ -582,6 +582,10 @@ class RolloutRecorder:
             self.progress(f"  [{self.clock():6.1f}s] {tags} rollout {record['rollout']:3d} (step {record['step']:3d}): "
                           f"held-out avg@{res['n']} = {res['avg_at_n']:.3f}{extra}")
         self.writer.write(rec)
+        numbers = {k: v for k, v in rec.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and k not in self.tags and k != "step"}
+        # the experiment tracker (report_to) sees the rollout records too; MetricsCallback ignores them
+        trainer.callback_handler.on_log(trainer.args, trainer.state, trainer.control, logs=numbers)
 
 
 def correctness_reward(completions, answer, **kwargs) -> list[float]:
@@ -591,7 +595,7 @@ def correctness_reward(completions, answer, **kwargs) -> list[float]:
 
 
 def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None, output_dir=None, progress=print,
-           rows=None, reward_funcs=None, evaluate=None, probe=None, save_dir=None):
+           rows=None, reward_funcs=None, evaluate=None, probe=None, save_dir=None, tracking_dir=None):
     """RL from ``model`` (the SFT start) with ``cfg`` (an ``RLExperimentConfig``); returns (model, eval history).
 
     The task is the tiny arithmetic one unless the caller passes its own: ``rows`` (dataset rows with a
@@ -600,7 +604,8 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
     as ``klear/<name>``; on the arithmetic task with fork facts, the fork probe). Metrics go to ``writer`` (a
     ``runs.MetricsWriter``): one record per optimizer step and one per rollout. The caller sets the seed
     (``runs.set_seed``) before building the model. ``save_dir``: save the final model there through the trainer
-    (every process calls it, as sharded ZeRO-3/FSDP weights need).
+    (every process calls it, as sharded ZeRO-3/FSDP weights need). ``tracking_dir``: where the experiment tracker
+    of ``cfg.report_to`` writes (``tracking_env``); the rollout records go to it too.
     """
     tags = dict(tags or {})
     arithmetic = rows is None
@@ -656,11 +661,13 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         logging_steps=1,
         save_strategy="steps" if cfg.save_steps else "no",
         save_steps=cfg.save_steps or 500,
-        report_to="none",
+        report_to=getattr(cfg, "report_to", "none"),
         disable_tqdm=True,
     )
     recorder = RolloutRecorder(writer, tags, evaluate=lambda m: evaluate(m), eval_every=cfg.eval_every, probe=probe,
                                progress=progress)
+    tracking = contextlib.ExitStack()
+    tracking.enter_context(tracking_env(tracking_dir))  # the trackers read their folder when the trainer is built
     trainer = KlearGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs or [correctness_reward],
@@ -674,12 +681,36 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         callbacks=[MetricsCallback(writer, tags)],
     )
     trainer.remove_callback(PrinterCallback)  # one progress line per evaluation instead of a dict per step
-    trainer.train(resume_from_checkpoint=_last_checkpoint(args.output_dir) if cfg.save_steps else None)
+    try:
+        trainer.train(resume_from_checkpoint=_last_checkpoint(args.output_dir) if cfg.save_steps else None)
+    finally:
+        tracking.close()
     if save_dir is not None:
         trainer.save_model(str(save_dir))
         if trainer.accelerator.is_main_process:
             tokenizer.save_pretrained(str(save_dir))
     return trainer.model, recorder.history
+
+
+@contextlib.contextmanager
+def tracking_env(folder):
+    """Point the experiment trackers' files at ``folder`` while a trainer trains (transformers' TensorBoard
+    callback reads ``TENSORBOARD_LOGGING_DIR``, wandb ``WANDB_DIR``, trackio ``TRACKIO_DIR``); None: unchanged."""
+    if folder is None:
+        yield
+        return
+    os.makedirs(folder, exist_ok=True)
+    keys = ("TENSORBOARD_LOGGING_DIR", "WANDB_DIR", "TRACKIO_DIR")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: str(folder) for k in keys})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _per_device(completions_per_update: int) -> int:

@@ -50,6 +50,8 @@ class SFTStageConfig:
     """Checkpoint every this many steps (0: only the final model)."""
     use_cpu: bool = True
     """Train on the CPU even where a GPU is present (the tiny preset)."""
+    report_to: str = "none"
+    """Experiment tracker (``none``, ``tensorboard``, ``trackio``, ``wandb``); see ``run_sft``'s ``tracking_dir``."""
     bf16: bool = False
     """bf16 autocast. TRL 1.16 turns it on by default, also on a CPU, where it is slower than fp32 and rounds
     log-probs by ~1e-3; the project's CPU presets train in fp32, GPU presets in bf16."""
@@ -60,7 +62,7 @@ class SFTStageConfig:
         ``sft_lr``, ``sft_epochs``, ``sft_batch_size``, ``seed``, ``use_cpu``, ``bf16`` (and ``max_length`` where
         it has one), then ``changes``."""
         values = dict(learning_rate=cfg.sft_lr, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size,
-                      seed=cfg.seed, use_cpu=cfg.use_cpu, bf16=cfg.bf16)
+                      seed=cfg.seed, use_cpu=cfg.use_cpu, bf16=cfg.bf16, report_to=getattr(cfg, "report_to", "none"))
         if hasattr(cfg, "max_length"):
             values["max_length"] = cfg.max_length
         return cls(**{**values, **changes})
@@ -116,8 +118,10 @@ def sft_samples(problems: list[Problem], *, error_rate: float = 0.0, seed: int =
     ]
 
 
-def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: SFTStageConfig | None = None):
-    """Fine-tune ``model`` on ``samples``; returns the trained model (also saved under ``output_dir/final``)."""
+def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: SFTStageConfig | None = None, *,
+            tracking_dir: str | Path | None = None):
+    """Fine-tune ``model`` on ``samples``; returns the trained model (also saved under ``output_dir/final``).
+    With ``cfg.report_to`` set, the tracker writes to ``tracking_dir`` (default ``output_dir/tracking``)."""
     cfg = cfg or SFTStageConfig()
     output_dir = Path(output_dir)
     args = SFTConfig(
@@ -134,19 +138,22 @@ def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: 
         data_seed=cfg.seed,
         use_cpu=cfg.use_cpu,
         bf16=cfg.bf16,
-        report_to="none",
+        report_to=cfg.report_to,
         logging_steps=10,
         save_strategy="steps" if cfg.save_steps else "no",
         save_steps=cfg.save_steps or 500,
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    trainer = SFTTrainer(
-        model=model, args=args, train_dataset=Dataset.from_list(samples), processing_class=tokenizer
-    )
-    trainer.remove_callback(PrinterCallback)  # TRL prints a dict per log step when tqdm is off
-    last = get_last_checkpoint(str(output_dir)) if cfg.resume and output_dir.exists() else None
-    trainer.train(resume_from_checkpoint=last)
+    from klear_lib.train.rl import tracking_env
+
+    with tracking_env(None if cfg.report_to == "none" else (tracking_dir or output_dir / "tracking")):
+        trainer = SFTTrainer(
+            model=model, args=args, train_dataset=Dataset.from_list(samples), processing_class=tokenizer
+        )
+        trainer.remove_callback(PrinterCallback)  # TRL prints a dict per log step when tqdm is off
+        last = get_last_checkpoint(str(output_dir)) if cfg.resume and output_dir.exists() else None
+        trainer.train(resume_from_checkpoint=last)
     final = output_dir / "final"
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))

@@ -1,0 +1,46 @@
+"""`report_to`: TRL's trainers log to an experiment tracker (here TensorBoard, on the CPU) in the run's tracking
+folder, step metrics and the rollout records (held-out evaluation) alike; metrics.jsonl is written either way."""
+
+import pytest
+import torch
+
+from klear_lib import models, runs
+from klear_lib.config import RLExperimentConfig
+from klear_lib.data import tasks
+from klear_lib.train.rl import run_rl
+
+pytest.importorskip("tensorboard")
+
+
+def scalars(folder):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set()
+    for events in folder.rglob("events.out.tfevents.*"):
+        acc = EventAccumulator(str(events))
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    return tags
+
+
+def test_rl_run_writes_tensorboard_events_with_step_and_rollout_metrics(tmp_path):
+    cfg = RLExperimentConfig(n_train=64, n_heldout=4, levels="1,2", rollouts=1, rollout_prompts=2,
+                             mini_batch_prompts=1, num_generations=4, max_completion_length=12, eval_n=1,
+                             eval_every=1, filter_groups=False, report_to="tensorboard", fork_facts="")
+    train, held = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, cfg.level_list)
+    tok = models.build_tokenizer(tasks.corpus(train))
+    model = models.build_tiny_model(tok, models.TinyModelSpec(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                              num_key_value_heads=1, intermediate_size=64))
+    with runs.MetricsWriter(tmp_path / "metrics.jsonl") as w:
+        run_rl(cfg, model, tok, train, held, w, tags={"seed": 0}, tracking_dir=tmp_path / "tracking",
+               progress=lambda *_: None)
+    tags = scalars(tmp_path / "tracking")
+    assert {"train/actor/pg_loss", "train/grad_norm"} <= tags, sorted(tags)  # a step's metrics
+    assert any(t.endswith("eval/avg_at_n") for t in tags), sorted(tags)  # a rollout record's evaluation
+    assert any("actor/pg_loss" in r for r in runs.read_metrics(tmp_path / "metrics.jsonl"))
+
+
+def test_an_unknown_tracker_is_refused_before_any_work():
+    with pytest.raises(ValueError, match=r"report_to must be one of \['none', 'tensorboard', 'trackio', 'wandb'\]"):
+        RLExperimentConfig(report_to="mlflow")
+    assert torch.__version__  # the import above is the CPU torch
