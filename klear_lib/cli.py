@@ -1,7 +1,9 @@
 """`klear`: run the project's notebooks headless with papermill, with named presets and checked parameters.
 
     klear list
-    klear run 03_rl_clip_variants --preset tiny -p seed=2 -p lr=1e-4
+    klear params 03_rl_clip_variants                              # every parameter with its value in each preset
+    klear run 03_rl_clip_variants --preset tiny -p seeds=0,1 -p rl_lr=1e-4
+    klear run --resume outputs/03_rl_clip_variants/<stamp>        # continue an interrupted run (units not redone)
     klear prepare 03 --preset smoke --out build/nb/03.ipynb      # inject parameters, don't execute (nbval)
     klear reproduce --preset tiny                                 # every notebook that has params/<nb>/tiny.yaml,
                                                                   # then the report
@@ -12,26 +14,38 @@ overrides one; the value is read as YAML (``-p seed=2`` is an int, ``-p lr=1e-4`
 a string). Every key must be a parameter of the notebook's ``parameters``-tagged cell, and every notebook
 declares ``run_dir``: klear sets it to a fresh ``outputs/<notebook>/<stamp>`` folder, where the notebook
 writes its run directory (see klear_lib.runs) and papermill writes the executed ``notebook.ipynb``.
+
+Bad input fails before a kernel starts: every value is checked against the type of the parameter's default (a
+number given for a string parameter, e.g. ``-p seeds=1``, is taken as its text), and the notebook's cells tagged
+``config`` (which build and validate its config) are run once on the parameters, in this process, against a
+scratch run directory; the first error names the key, the value and what was expected. Ctrl-C marks the run
+``interrupted`` (``status.json``) and prints one line; a failed or dead kernel is recorded in ``status.json``
+with its cause and the last cell.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import dataclasses
 import difflib
+import io
 import os
 import pathlib
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
 
-from klear_lib import runs
+from klear_lib import __version__, runs
 
 RUN_DIR_PARAM = "run_dir"
+STATUS_FILE = "status.json"  # written by `klear run` when a run is interrupted or fails: why, and where
 KERNEL_NAME = "python3"
 # Presets in the order the project uses them; any other preset is listed after these, alphabetically.
 PRESET_ORDER = ("smoke", "tiny", "gpu", "paper")
@@ -79,6 +93,13 @@ class Layout:
             params_dir=pick(args.params_dir, "params"),
             output_root=pick(getattr(args, "output_root", None), "outputs"),
         )
+
+
+def require_notebooks(layout: "Layout") -> None:
+    """KlearError unless the notebooks folder exists (klear run outside a checkout, without --repo-root)."""
+    if not layout.notebooks_dir.is_dir():
+        raise KlearError(f"no notebooks folder at {layout.notebooks_dir}: run klear inside a klear checkout, or pass "
+                         "--repo-root (or --notebooks-dir and --params-dir)")
 
 
 def default_repo_root() -> pathlib.Path:
@@ -241,11 +262,85 @@ def validate_params(
             )
 
 
-def _resolve(spec: str, preset: str, overrides: Sequence[str], layout: Layout):
+def _default_value(param: Mapping[str, Any]) -> Any:
+    try:
+        return ast.literal_eval(str(param.get("default")))
+    except (ValueError, SyntaxError):
+        return None
+
+
+def check_types(params: Mapping[str, Any], declared: Mapping[str, Mapping[str, Any]], *, notebook: str = "the notebook",
+                sources: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Each value against the type of its parameter's default (``notebook_parameters``): a bool for a bool, an
+    int for an int, a number for a float, text for a string (a number given for a string parameter becomes its
+    text: ``-p seeds=1`` is ``"1"``). Returns the values, converted; KlearError names key, value and type."""
+    sources = sources or {}
+    out = {}
+    for key, value in params.items():
+        default = _default_value(declared.get(key, {}))
+        src = sources.get(key, "parameters")
+        expected = type(default)
+        ok = value
+        if default is None or value is None and default is None:
+            ok = value
+        elif value is None:
+            raise KlearError(f"{key} (from {src}) is empty; expected a {expected.__name__} like {default!r}")
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise KlearError(f"{key} = {value!r} (from {src}): expected true or false")
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise KlearError(f"{key} = {value!r} (from {src}): expected an integer like {default!r}")
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise KlearError(f"{key} = {value!r} (from {src}): expected a number like {default!r}")
+            ok = float(value)
+        elif isinstance(default, str):
+            if isinstance(value, bool):
+                raise KlearError(f"{key} = {value!r} (from {src}): expected text like {default!r}")
+            ok = value if isinstance(value, str) else (f"{value:g}" if isinstance(value, float) else str(value))
+        out[key] = ok
+    return out
+
+
+CONFIG_TAG = "config"  # cells that build and validate a notebook's config, cheaply: klear runs them first
+
+
+def dry_run_config(notebook: pathlib.Path, params: Mapping[str, Any]) -> None:
+    """Run the notebook's ``parameters`` cell, the parameters, and its ``config``-tagged cells in this process,
+    against a scratch run directory; the first exception is a KlearError (one line, its message). A notebook
+    without ``config`` cells is not dry-run."""
+    import nbformat
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    tagged = lambda tag: [c.source for c in nb.cells if c.cell_type == "code" and tag in c.get("metadata", {}).get("tags", [])]  # noqa: E731
+    config_cells = tagged(CONFIG_TAG)
+    if not config_cells:
+        return
+    with tempfile.TemporaryDirectory(prefix="klear-dry-run-") as scratch:
+        namespace: dict[str, Any] = {"__name__": "__klear_dry_run__"}
+        sink = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                for source in tagged("parameters"):
+                    exec(compile(source, f"{notebook.name}:parameters", "exec"), namespace)  # noqa: S102
+                namespace.update(params)
+                namespace[RUN_DIR_PARAM] = scratch
+                for i, source in enumerate(config_cells):
+                    exec(compile(source, f"{notebook.name}:config[{i}]", "exec"), namespace)  # noqa: S102
+        except Exception as err:  # noqa: BLE001 (the notebook's own validation: reported as a usage error)
+            raise KlearError(f"{notebook.stem}: {err}") from None
+
+
+def _resolve(spec: str, preset: str, overrides: Sequence[str], layout: Layout, *, dry_run: bool = False):
     notebook = resolve_notebook(spec, layout.notebooks_dir)
     name = notebook.stem
     params, sources = _load_params_with_sources(name, preset, overrides, layout.params_dir)
-    validate_params(params, notebook_parameters(notebook), notebook=name, sources=sources)
+    declared = notebook_parameters(notebook)
+    validate_params(params, declared, notebook=name, sources=sources)
+    params = check_types(params, declared, notebook=name, sources=sources)
+    if dry_run:
+        dry_run_config(notebook, params)
     return notebook, name, params
 
 
@@ -270,30 +365,92 @@ def _warn_if_foreign_kernel() -> None:
         )
 
 
+class RunInterrupted(Exception):
+    """Ctrl-C during `klear run`: the run directory is marked interrupted (``status.json``)."""
+
+    def __init__(self, run_dir: pathlib.Path):
+        self.run_dir = run_dir
+        super().__init__(f"interrupted; the partial run is in {run_dir} (continue it: klear run --resume {run_dir})")
+
+
+def _oom_kills() -> int | None:
+    """The cgroup's count of processes the kernel killed for want of memory (cgroup v2), or None."""
+    try:
+        for line in pathlib.Path("/sys/fs/cgroup/memory.events").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _last_cell(output: pathlib.Path) -> dict:
+    """The cell papermill was executing (or that failed) in a partially executed notebook: index and first line."""
+    try:
+        import nbformat
+
+        nb = nbformat.read(str(output), as_version=4)
+    except Exception:  # noqa: BLE001 (a notebook papermill never wrote)
+        return {}
+    for pos, cell in enumerate(nb.cells):
+        state = ((cell.get("metadata") or {}).get("papermill") or {}).get("status")
+        if state in ("running", "failed"):
+            first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""
+            return {"cell": pos, "cell_source": first[:120], "cell_status": state}
+    return {}
+
+
+def _write_status(run_dir: pathlib.Path, status: dict) -> None:
+    path = run_dir / STATUS_FILE
+    path.write_text(runs.to_json_text({**status, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n",
+                    encoding="utf-8")
+
+
+def _finish_record(run_dir: pathlib.Path, clock: float) -> None:
+    """Add the end time and the seconds to params.json (the report shows every run's time)."""
+    path = run_dir / runs.PARAMS_FILE
+    try:
+        import json
+
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    record["seconds"] = round(record.get("seconds_before", 0.0) + time.monotonic() - clock, 1)
+    path.write_text(runs.to_json_text(record, indent=2) + "\n", encoding="utf-8")
+
+
 def run_notebook(
-    spec: str,
+    spec: str | None,
     preset: str,
     overrides: Sequence[str] | Mapping[str, Any] = (),
     *,
     layout: Layout,
     progress_bar: bool = True,
+    resume: str | os.PathLike | None = None,
 ) -> pathlib.Path:
-    """Execute a notebook with a preset into a new run directory and return it; NotebookFailed if it raised."""
+    """Execute a notebook with a preset into a new run directory and return it; NotebookFailed if it raised,
+    RunInterrupted on Ctrl-C. ``resume``: run again into that run directory, with the notebook, preset and
+    parameters its ``params.json`` recorded (``spec``, ``preset`` and ``overrides`` must not be given); the units
+    of work it finished are not redone (``klear_lib.experiment``)."""
     import papermill
 
-    notebook, name, params = _resolve(spec, preset, overrides, layout)
-    run_dir = runs.create_run_dir(layout.output_root, name).resolve()
+    if resume is not None:
+        run_dir, notebook, name, params, record = _resume_record(pathlib.Path(resume), layout)
+        preset = record.get("preset", preset)
+    else:
+        notebook, name, params = _resolve(spec, preset, overrides, layout, dry_run=True)
+        try:
+            run_dir = runs.create_run_dir(layout.output_root, name).resolve()
+        except OSError as err:
+            raise KlearError(f"cannot create a run directory under {layout.output_root}: {err.strerror or err}") from None
+        record = {"notebook": name, "notebook_path": str(notebook), "preset": preset, "params": params,
+                  RUN_DIR_PARAM: str(run_dir), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     output = run_dir / runs.NOTEBOOK_FILE
-    record = {
-        "notebook": name,
-        "notebook_path": str(notebook),
-        "preset": preset,
-        "params": params,
-        RUN_DIR_PARAM: str(run_dir),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
     (run_dir / runs.PARAMS_FILE).write_text(runs.to_json_text(record, indent=2) + "\n", encoding="utf-8")
+    (run_dir / STATUS_FILE).unlink(missing_ok=True)
     _warn_if_foreign_kernel()
+    clock, oom_before = time.monotonic(), _oom_kills()
     try:
         papermill.execute_notebook(
             str(notebook),
@@ -304,9 +461,46 @@ def run_notebook(
             stdout_file=sys.stderr,  # stream the notebook's own progress lines (a long cell shows where it is)
             cwd=str(layout.repo_root),
         )
+    except KeyboardInterrupt:
+        _write_status(run_dir, {"status": "interrupted", "cause": "Ctrl-C (SIGINT)", **_last_cell(output)})
+        _finish_record(run_dir, clock)
+        raise RunInterrupted(run_dir) from None
     except Exception as err:  # PapermillExecutionError, or a dead kernel: both leave `output` behind
+        dead = type(err).__name__ == "DeadKernelError" or "kernel died" in str(err).lower()
+        oom_after = _oom_kills()
+        status = {"status": "failed", "cause": "the kernel died" if dead else "a cell raised",
+                  "error": f"{getattr(err, 'ename', None) or type(err).__name__}: "
+                           f"{getattr(err, 'evalue', None) or str(err).strip().splitlines()[-1][:300]}",
+                  **_last_cell(output)}
+        if dead and oom_before is not None and oom_after is not None and oom_after > oom_before:
+            status["cause"] = "the kernel died: out of memory (the cgroup's oom_kill count rose)"
+        _write_status(run_dir, status)
+        _finish_record(run_dir, clock)
         raise NotebookFailed(name, output, err) from err
+    _finish_record(run_dir, clock)
     return run_dir
+
+
+def _resume_record(run_dir: pathlib.Path, layout: Layout):
+    """What an interrupted run was: its notebook, its parameters (as recorded), its params.json record."""
+    import json
+
+    run_dir = run_dir.resolve()
+    path = run_dir / runs.PARAMS_FILE
+    if not path.is_file():
+        raise KlearError(f"--resume {run_dir}: no {runs.PARAMS_FILE} there (not a run directory klear run made)")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        name, params = record["notebook"], dict(record["params"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise KlearError(f"--resume {run_dir}: {runs.PARAMS_FILE} is unreadable ({err})") from None
+    notebook = resolve_notebook(name, layout.notebooks_dir)
+    record["seconds_before"] = float(record.get("seconds", 0.0))
+    record.setdefault("resumed", []).append(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    metrics = run_dir / runs.METRICS_FILE
+    if metrics.is_file():  # the notebook writes it again (units of work rebuild it from their own files)
+        os.replace(metrics, run_dir / f"{runs.METRICS_FILE}.before-resume")
+    return run_dir, notebook, name, params, record
 
 
 def prepare_notebook(
@@ -345,10 +539,10 @@ def prepare_notebook(
 
 
 def _cmd_list(args: argparse.Namespace, layout: Layout) -> int:
+    require_notebooks(layout)
     notebooks = list_notebooks(layout.notebooks_dir)
     if not notebooks:
-        print(f"no notebooks in {layout.notebooks_dir}")
-        return 0
+        raise KlearError(f"no notebooks (*.ipynb) in {layout.notebooks_dir}")
     width = max(len(p.stem) for p in notebooks)
     for nb in notebooks:
         presets = list_presets(nb.stem, layout.params_dir)
@@ -356,12 +550,41 @@ def _cmd_list(args: argparse.Namespace, layout: Layout) -> int:
     return 0
 
 
+def _cmd_params(args: argparse.Namespace, layout: Layout) -> int:
+    """Every parameter of a notebook with its default and its value in each preset (or one preset)."""
+    require_notebooks(layout)
+    notebook = resolve_notebook(args.notebook, layout.notebooks_dir)
+    declared = notebook_parameters(notebook)
+    presets = [args.preset] if args.preset else list_presets(notebook.stem, layout.params_dir)
+    values = {p: _load_params_with_sources(notebook.stem, p, (), layout.params_dir)[0] for p in presets}
+    rows = [["parameter", "default", *presets]]
+    for key, param in declared.items():
+        if key == RUN_DIR_PARAM:
+            continue
+        rows.append([key, str(param.get("default")), *(repr(values[p][key]) if key in values[p] else "·"
+                                                        for p in presets)])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    print(f"(· = the notebook's default; {notebook.stem} in {layout.notebooks_dir})")
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace, layout: Layout) -> int:
+    require_notebooks(layout)
+    if args.resume and (args.notebook or args.param):
+        raise KlearError("--resume continues a run with its recorded notebook and parameters: give no notebook "
+                         "and no -p with it")
+    if not args.resume and not args.notebook:
+        raise KlearError("name a notebook (klear list shows them), or give --resume RUN_DIR")
     try:
-        run_dir = run_notebook(args.notebook, args.preset, args.param, layout=layout)
+        run_dir = run_notebook(args.notebook, args.preset, args.param, layout=layout, resume=args.resume)
     except NotebookFailed as err:
         print(f"klear: {err}", file=sys.stderr)
         return 1
+    except RunInterrupted as err:
+        print(f"klear: {err}", file=sys.stderr)
+        return 130
     _report_contract(run_dir)
     print(run_dir)
     return 0
@@ -375,6 +598,8 @@ def _report_contract(run_dir: pathlib.Path) -> list[str]:
 
 
 def _cmd_prepare(args: argparse.Namespace, layout: Layout) -> int:
+    if not args.notebook:
+        raise KlearError("prepare needs a notebook name (klear list shows them)")
     out = prepare_notebook(args.notebook, args.preset, args.out, args.param, layout=layout, run_dir=args.run_dir)
     print(out)
     return 0
@@ -416,11 +641,17 @@ def make_report(layout: Layout, preset: str = "tiny", *, progress_bar: bool = Tr
 
 
 def _cmd_report(args: argparse.Namespace, layout: Layout) -> int:
+    from klear_lib import report
+
+    if not report.collect_runs(layout.output_root) and not (layout.output_root / REPRODUCE_LOG).is_file():
+        raise KlearError(f"no run directories under {layout.output_root}: run a notebook first "
+                         "(klear run NOTEBOOK), or pass --output-root")
     print(make_report(layout, args.preset))
     return 0
 
 
 def _cmd_reproduce(args: argparse.Namespace, layout: Layout) -> int:
+    require_notebooks(layout)
     clock = time.monotonic()
     rows = []  # (notebook, status, seconds, run dir or message)
     log = {"preset": args.preset, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "total_s": 0.0, "rows": []}
@@ -474,18 +705,26 @@ def build_parser() -> argparse.ArgumentParser:
     dirs.add_argument("--params-dir", help="default: <repo root>/params")
 
     params = argparse.ArgumentParser(add_help=False)
-    params.add_argument("notebook", help="name (03_rl_clip_variants), with or without .ipynb, or a unique prefix (03)")
-    params.add_argument("--preset", required=True, help="params/<notebook>/<preset>.yaml")
+    params.add_argument("notebook", nargs="?", help="name (03_rl_clip_variants), with or without .ipynb, or a unique "
+                                                    "prefix (03)")
+    params.add_argument("--preset", default="tiny", help="params/<notebook>/<preset>.yaml (default: tiny)")
     params.add_argument(
         "-p", "--param", action="append", default=[], metavar="KEY=VALUE",
         help="override one parameter; the value is read as YAML (repeatable)",
     )
 
     parser = argparse.ArgumentParser(prog="klear", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"klear {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", parents=[params, dirs], help="execute a notebook into a new run directory")
     p.add_argument("--output-root", help="run directories go to <output root>/<notebook>/ (default: outputs)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run in RUN_DIR (its recorded "
+                                                       "notebook and parameters; finished units are not redone)")
     p.set_defaults(func=_cmd_run)
+    p = sub.add_parser("params", parents=[dirs], help="every parameter of a notebook, its default and its presets")
+    p.add_argument("notebook", help="name or unique prefix")
+    p.add_argument("--preset", help="show one preset only")
+    p.set_defaults(func=_cmd_params)
     p = sub.add_parser("list", parents=[dirs], help="list the notebooks and their presets")
     p.set_defaults(func=_cmd_list)
     p = sub.add_parser("prepare", parents=[params, dirs], help="inject parameters without executing (for nbval)")
@@ -504,13 +743,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The `klear` console script; returns the exit status (0 ok, 1 a notebook failed, 2 a usage error)."""
+    """The `klear` console script; returns the exit status (0 ok, 1 a notebook failed, 2 a usage error, 130
+    interrupted)."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args, Layout.from_args(args))
     except KlearError as err:
         print(f"klear: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("klear: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

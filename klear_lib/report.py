@@ -7,8 +7,13 @@ puts on disk, plus ``<output root>/reproduce.json`` when ``klear reproduce`` wro
                          "ran"         summary.json present and the contract complete (the notebook ran; whether
                                        a claim reproduced is the claims table's business, never a status);
                          "failed"      the executed notebook holds an error output, or reproduce.json says so;
-                         "incomplete"  no error found, but contract files missing or unreadable (interrupted,
-                                       or still running)
+                         "incomplete"  no error found, but contract files missing or unreadable (still running,
+                                       or killed without a word);
+                         "interrupted" `klear run` recorded a Ctrl-C in ``status.json``;
+                         "damaged"     ``metrics.jsonl`` holds a line that is not a JSON object (named: file, line)
+                       A failed run shows its cause from ``status.json`` when `klear run` wrote one (a cell raised,
+                       or the kernel died, out of memory where the kernel's cgroup counted it) and the last cell.
+                       Only folders named like a run (``YYYYmmdd-HHMMSS``) are runs; others are listed as unknown.
     render_report(root)  writes ``<root>/report.html``: first one table of every claim of every notebook's newest
                          run with its verdict, effect and interval (``klear_lib.claims``), then an overview
                          table, a wall-time chart, and one section per notebook (its newest run; older runs
@@ -57,7 +62,7 @@ class RunInfo:
     notebook: str
     run_dir: Path
     stamp: str
-    status: str  # "ran" | "failed" | "incomplete"
+    status: str  # "ran" | "failed" | "incomplete" | "interrupted" | "damaged"
     error: str | None = None  # "<ename>: <evalue> (cell N)", or reproduce.json's message
     missing: list[str] = dataclasses.field(default_factory=list)  # contract files absent or unreadable
     preset: str | None = None
@@ -68,6 +73,7 @@ class RunInfo:
     summary: dict = dataclasses.field(default_factory=dict)
     figures: list[Path] = dataclasses.field(default_factory=list)
     seeds: list[int] = dataclasses.field(default_factory=list)
+    seconds: float | None = None  # wall time `klear run` recorded in params.json
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -165,10 +171,38 @@ def _failing(row: Mapping) -> bool:
     return str(row.get("status", "")).lower() in _FAILING
 
 
+STATUS_FILE = "status.json"  # written by `klear run` (klear_lib.cli) when a run is interrupted or fails
+RUN_STAMP = re.compile(r"\d{8}-\d{6}(-\d+)?")  # runs.create_run_dir's folder names
+
+
+def _metrics_damage(path: Path) -> str | None:
+    """None if every line of a metrics.jsonl is a JSON object; else the first bad line, named by file and line."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # read_metrics warns on a truncated last line: damage too
+            runs.read_metrics(path)
+    except (runs.MetricsFormatError, UserWarning) as err:
+        return f"damaged metrics: {err}"
+    except (OSError, UnicodeDecodeError) as err:
+        return f"damaged metrics: {path}: {err}"
+    return None
+
+
+def _status_text(recorded: Mapping) -> str:
+    """One line from klear run's status.json: the cause, the error, the last cell."""
+    parts = [str(recorded.get("cause") or recorded.get("status"))]
+    if recorded.get("error"):
+        parts.append(str(recorded["error"]))
+    if recorded.get("cell") is not None:
+        parts.append(f"last cell {recorded['cell']}: {recorded.get('cell_source', '')}")
+    return "; ".join(parts)
+
+
 def read_run(run_dir: str | os.PathLike, reproduce_row: Mapping | None = None) -> RunInfo:
     """The RunInfo of one run directory; `reproduce_row` is its row of reproduce.json, if any."""
     run_dir = Path(run_dir)
     missing: list[str] = []
+    damage: str | None = None
     loaded: dict[str, dict] = {}
     params_record, params_ok = _read_json(run_dir / runs.PARAMS_FILE)
     through_klear = (run_dir / runs.PARAMS_FILE).exists()  # `klear run` also writes notebook.ipynb
@@ -176,9 +210,11 @@ def read_run(run_dir: str | os.PathLike, reproduce_row: Mapping | None = None) -
     notebook: Any = None
     for name in contract:
         path = run_dir / name
-        if name == runs.METRICS_FILE:  # can be large, and read_metrics tolerates a partial last line
+        if name == runs.METRICS_FILE:
             if not path.is_file():
                 missing.append(name)
+            else:
+                damage = _metrics_damage(path)
             continue
         content, ok = _read_json(path)
         if not ok or not isinstance(content, dict):
@@ -198,11 +234,19 @@ def read_run(run_dir: str | os.PathLike, reproduce_row: Mapping | None = None) -
     config = loaded.get(runs.CONFIG_FILE, {})
     summary = loaded.get(runs.SUMMARY_FILE, {})
     error = _notebook_error(notebook) if isinstance(notebook, dict) else None
-    if error is not None:
+    recorded, _ = _read_json(run_dir / STATUS_FILE)
+    recorded = recorded if isinstance(recorded, dict) else {}
+    if recorded.get("status") == "interrupted":
+        status, error = "interrupted", _status_text(recorded)
+    elif recorded.get("status") == "failed":
+        status, error = "failed", _status_text(recorded)
+    elif error is not None:
         status = "failed"
     elif reproduce_row is not None and _failing(reproduce_row):
         status = "failed"
         error = str(reproduce_row.get("message") or f"klear reproduce: {reproduce_row.get('status')}")
+    elif damage is not None:
+        status, error = "damaged", damage
     else:
         status = "incomplete" if missing else "ran"
     preset = params_record.get("preset")
@@ -221,6 +265,7 @@ def read_run(run_dir: str | os.PathLike, reproduce_row: Mapping | None = None) -
         summary=summary,
         figures=_figures(run_dir, summary),
         seeds=_seeds(params, config),
+        seconds=params_record.get("seconds") if _is_num(params_record.get("seconds")) else None,
     )
 
 
@@ -237,9 +282,20 @@ def collect_runs(output_root: str | os.PathLike) -> list[RunInfo]:
     found = []
     for nb_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
         for run_dir in nb_dir.iterdir():
-            if run_dir.is_dir() and not run_dir.name.startswith((".", "_")):
+            if run_dir.is_dir() and RUN_STAMP.fullmatch(run_dir.name):
                 found.append(read_run(run_dir, rows.get((nb_dir.name, run_dir.name))))
     return sorted(found, key=lambda r: (r.notebook, _stamp_key(r.stamp)))
+
+
+def unknown_folders(output_root: str | os.PathLike) -> list[Path]:
+    """Folders under ``<root>/<notebook>/`` that are not named like a run (``backup/``, ``old-runs/`` ...): not
+    read as runs, listed in the report."""
+    root = Path(output_root)
+    if not root.is_dir():
+        return []
+    return sorted(run_dir for nb_dir in root.iterdir() if nb_dir.is_dir() and not nb_dir.name.startswith((".", "_"))
+                  for run_dir in nb_dir.iterdir()
+                  if run_dir.is_dir() and not run_dir.name.startswith(".") and not RUN_STAMP.fullmatch(run_dir.name))
 
 
 def latest_runs(runs_: Iterable[RunInfo]) -> dict[str, RunInfo]:
@@ -309,6 +365,8 @@ tr.row-failed td{background:#fdecea}tr.row-incomplete td{background:#fff6e0}
 .badge{display:inline-block;padding:.05em .5em;border-radius:.3em;font-size:.75em;font-weight:600;
 color:#fff;vertical-align:middle}
 .ran{background:#2e7d32}.failed{background:#c62828}.incomplete{background:#d98c00}.smoke{background:#6d6d6d}
+.interrupted{background:#d98c00}.damaged{background:#8e24aa}tr.row-damaged td{background:#f3e5f5}
+tr.row-interrupted td{background:#fff6e0}
 .reproduced{background:#2e7d32}.reversed{background:#c62828}.inconclusive{background:#8a8a8a}
 .error{border:1px solid #c62828;background:#fdecea;color:#8e1c1c;padding:.5em .7em;white-space:pre-wrap;
 font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.85em;margin:.6em 0}
@@ -489,8 +547,8 @@ def run_section_html(run: RunInfo, older: Sequence[RunInfo] = ()) -> str:
     if run.preset == "smoke":
         parts.append('<p class="warn">A <code>smoke</code> run: it checks that every code path runs, on a few steps; '
                      "its numbers and verdicts mean nothing.</p>")
-    if run.status == "failed":
-        parts.append(f'<div class="error">{_e(run.error or "failed")}</div>')
+    if run.status in ("failed", "interrupted", "damaged"):
+        parts.append(f'<div class="error">{_e(run.error or run.status)}</div>')
     if run.missing and run.stamp:
         what = "interrupted or still running" if run.status == "incomplete" else "files the run did not write"
         parts.append(f'<p class="warn">Missing or unreadable ({what}): {_e(", ".join(run.missing))}</p>')
@@ -618,7 +676,7 @@ def render_report(
             latest[ph.notebook] = ph
     latest = dict(sorted(latest.items()))
 
-    seconds = {}
+    seconds = {nb: run.seconds for nb, run in latest.items() if run.seconds is not None}
     for row in rows:
         held = latest.get(str(row["notebook"]))
         if held is not None and (_row_key(row) == (held.notebook, held.stamp) or not held.stamp):
@@ -641,11 +699,13 @@ def render_report(
             f"{_e(str(log.get('started')))}" + (f", {_e(_fmt(total))} s in all" if _is_num(total) else "") + "."
         )
 
-    counts = {s: sum(r.status == s for r in latest.values()) for s in ("ran", "failed", "incomplete")}
+    counts = {s: sum(r.status == s for r in latest.values())
+              for s in ("ran", "failed", "incomplete", "interrupted", "damaged")}
     overview = ["<table><thead><tr><th>notebook</th><th>status</th><th>run</th><th>seconds</th><th>error</th>"
                 "</tr></thead><tbody>"]
     for nb, run in latest.items():
         err = run.error or (f"missing {', '.join(run.missing)}" if run.status == "incomplete" else "")
+        err = err if len(err) <= MAX_ERROR_CHARS else err[:MAX_ERROR_CHARS] + "…"
         overview.append(
             f'<tr class="row-{_e(run.status)}"><td><a href="#{_e(nb)}">{_e(nb)}</a></td><td>{_badge(run.status)}'
             f'{_smoke_badge(run)}</td>'
@@ -662,6 +722,7 @@ def render_report(
         f"<p>{len(latest)} notebooks: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) + ".</p>"
         if latest else "<p>No run directories yet.</p>",
         "".join(overview) if latest else "",
+        _unknown_html(root),
         _wall_time_chart(rows),
     ]
     for nb, run in latest.items():
@@ -676,6 +737,14 @@ def render_report(
     return out
 
 
+def _unknown_html(root: Path) -> str:
+    folders = unknown_folders(root)
+    if not folders:
+        return ""
+    items = "".join(f"<li><code>{_e(str(f.relative_to(root)))}</code></li>" for f in folders)
+    return f'<p class="warn">Folders not named like a run (YYYYmmdd-HHMMSS), not read as runs:</p><ul>{items}</ul>'
+
+
 def _write_atomic(path: Path, text: str) -> None:
     """Write `text` to a temp file beside `path`, then rename it over `path` (a reader never sees half)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -685,6 +754,7 @@ def _write_atomic(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600: the report is for others to read
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -96,17 +96,17 @@ def test_resolve_notebook_by_name_suffix_prefix_and_path():
     expected = (NB_DIR / "99_dummy.ipynb").resolve()
     for spec in ["99_dummy", "99_dummy.ipynb", "99", str(NB_DIR / "99_dummy.ipynb")]:
         assert cli.resolve_notebook(spec, NB_DIR) == expected
-    with pytest.raises(cli.KlearError, match="several notebooks: 97_no_run_dir, 98_fails, 99_dummy"):
+    with pytest.raises(cli.KlearError, match="several notebooks: 96_checked, 97_no_run_dir, 98_fails, 99_dummy"):
         cli.resolve_notebook("9", NB_DIR)
-    with pytest.raises(cli.KlearError, match="notebooks: 97_no_run_dir, 98_fails, 99_dummy"):
+    with pytest.raises(cli.KlearError, match="notebooks: 96_checked, 97_no_run_dir, 98_fails, 99_dummy"):
         cli.resolve_notebook("42_nope", NB_DIR)
 
 
 def test_list_shows_notebooks_and_presets(capsys):
     assert cli.main(["list", *DIRS]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines] == ["97_no_run_dir", "98_fails", "99_dummy"]
-    assert lines[2].split(None, 1)[1] == "smoke, tiny"
+    assert [line.split()[0] for line in lines] == ["96_checked", "97_no_run_dir", "98_fails", "99_dummy"]
+    assert lines[3].split(None, 1)[1] == "smoke, tiny"
 
 
 # -------------------------------------------------------------------------------------------- papermill
@@ -169,6 +169,7 @@ def test_reproduce_runs_every_notebook_with_the_preset_and_continues_past_failur
     params = tmp_path / "params"
     shutil.copytree(PARAMS_DIR, params)
     (params / "97_no_run_dir" / "smoke.yaml").unlink()  # no smoke preset: not run at all
+    shutil.rmtree(params / "96_checked")
     out_root = tmp_path / "outputs"
     dirs = ["--notebooks-dir", str(NB_DIR), "--params-dir", str(params), "--output-root", str(out_root)]
     assert cli.main(["reproduce", "--preset", "smoke", *dirs]) == 1
@@ -207,3 +208,94 @@ def test_console_entry_point_runs_as_a_module(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "99_dummy" in proc.stdout
+
+
+# ------------------------------------------------------------------------------ checks before a kernel starts
+
+
+def klear(tmp_path, *args):
+    return cli.main([*args, *DIRS, "--output-root", str(tmp_path / "out")])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("seeds=abc", "seeds = 'abc': 'abc' is not a valid int"),
+    ("seeds=", "seeds (from -p) is empty; expected a str like '0,1'"),
+    ("lr=-1e-3", "lr must be > 0, got -0.001"),
+    ("lr=abc", "lr = 'abc' (from -p): expected a number like 0.1"),
+    ("steps=1.5", "steps = 1.5 (from -p): expected an integer like 2"),
+    ("slow=1", "slow = 1 (from -p): expected true or false"),
+])
+def test_bad_values_fail_before_a_kernel_starts_naming_key_and_value(tmp_path, capsys, override, message):
+    import time
+
+    clock = time.monotonic()
+    assert klear(tmp_path, "run", "96_checked", "-p", override) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err  # one line
+    assert time.monotonic() - clock < 15
+    assert not (tmp_path / "out").exists()  # no run directory was made
+
+
+def test_a_number_for_a_list_parameter_is_its_text(tmp_path, capsys):
+    assert klear(tmp_path, "run", "96_checked", "-p", "seeds=1") == 0
+    run_dir = pathlib.Path(capsys.readouterr().out.strip().splitlines()[-1])
+    assert json.loads((run_dir / "config.json").read_text())["seeds"] == [1]
+    assert json.loads((run_dir / "params.json").read_text())["seconds"] > 0  # the report shows every run's time
+
+
+def test_preset_defaults_to_tiny_and_params_lists_every_preset(tmp_path, capsys):
+    assert klear(tmp_path, "run", "96_checked") == 0
+    run_dir = pathlib.Path(capsys.readouterr().out.strip().splitlines()[-1])
+    assert json.loads((run_dir / "params.json").read_text())["preset"] == "tiny"
+    assert cli.main(["params", "96_checked", *DIRS]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["parameter", "default", "smoke", "tiny"]
+    assert out[1].split() == ["seeds", '"0,1"', "·", "'0,1,2'"] and out[3].split() == ["steps", "2", "1", "·"]
+
+
+def test_version_and_errors_outside_a_checkout(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"klear {cli.__version__}"
+    assert cli.main(["list", "--repo-root", str(tmp_path)]) == 2
+    assert "no notebooks folder" in capsys.readouterr().err
+    assert cli.main(["report", "--output-root", str(tmp_path / "nothing"), *DIRS]) == 2
+    assert "no run directories under" in capsys.readouterr().err
+
+
+def test_an_unwritable_output_root_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert cli.main(["run", "96_checked", *DIRS, "--output-root", str(blocker / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("klear: error: cannot create a run directory under") and err.count("\n") == 1
+
+
+def test_ctrl_c_marks_the_run_interrupted_and_resume_finishes_it(tmp_path):
+    """A real `klear run` in a subprocess, SIGINT while its notebook sleeps: one line, status.json says
+    interrupted; `klear run --resume` runs it again into the same directory and it completes."""
+    import signal
+    import time
+
+    env = {**__import__("os").environ}
+    cmd = [sys.executable, "-m", "klear_lib.cli", "run", "96_checked", "-p", "slow=true", "-p", "steps=3", *DIRS,
+           "--output-root", str(tmp_path / "out")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list((tmp_path / "out").glob("96_checked/*/metrics.jsonl")):
+        time.sleep(0.5)
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    lines = [line for line in err.splitlines() if line.startswith("klear:")]
+    assert len(lines) == 1 and "interrupted" in lines[0] and "--resume" in lines[0], err[-2000:]
+    run_dir = next((tmp_path / "out" / "96_checked").iterdir())
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "interrupted"
+    from klear_lib import report
+
+    assert report.read_run(run_dir).status == "interrupted"
+    assert cli.main(["run", "--resume", str(run_dir), *DIRS]) == 0
+    assert not (run_dir / "status.json").exists() and report.read_run(run_dir).status == "ran"
+    assert [r["step"] for r in runs.read_metrics(run_dir / "metrics.jsonl")] == [0, 1, 2]
+    assert json.loads((run_dir / "params.json").read_text())["resumed"]

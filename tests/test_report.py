@@ -271,3 +271,31 @@ def test_the_report_opens_with_every_claim_and_its_verdict_and_marks_smoke_runs(
     assert "04_erc</a> (smoke)" in claims_part and "verdicts mean nothing" in claims_part
     assert '<span class="badge smoke">smoke</span>' in html
     assert '<span class="badge ran">ran</span>' in html and '<span class="badge ok">' not in html
+
+
+def test_damaged_metrics_are_named_and_marked(tmp_path):
+    d = make_run(tmp_path, "03_rl", "20250101-120000", summary={"x": 1})
+    with open(d / runs.METRICS_FILE, "a") as f:
+        f.write("not json\n" + '{"step": 2}\n')
+    run = report.collect_runs(tmp_path)[0]
+    assert run.status == "damaged" and f"{d / runs.METRICS_FILE}:2" in run.error
+    garbage = make_run(tmp_path, "04_erc", "20250101-120000", summary={"x": 1})
+    (garbage / runs.METRICS_FILE).write_bytes(b'{"step": 1}\n{"step": 2')  # a truncated last line
+    assert report.read_run(garbage).status == "damaged"
+
+
+def test_status_json_gives_the_cause_and_only_run_named_folders_are_runs(tmp_path):
+    d = make_run(tmp_path, "03_rl", "20250101-120000", summary=None)
+    (d / "status.json").write_text(json.dumps({"status": "failed", "cause": "the kernel died: out of memory",
+                                               "error": "DeadKernelError: Kernel died", "cell": 7,
+                                               "cell_source": "results = experiment.run_jobs(jobs, ...)"}))
+    i = make_run(tmp_path, "04_erc", "20250101-120000", summary=None)
+    (i / "status.json").write_text(json.dumps({"status": "interrupted", "cause": "Ctrl-C (SIGINT)"}))
+    (tmp_path / "03_rl" / "backup").mkdir()
+    got = {r.notebook: r for r in report.collect_runs(tmp_path)}
+    assert got["03_rl"].status == "failed" and "out of memory" in got["03_rl"].error and "last cell 7" in got["03_rl"].error
+    assert got["04_erc"].status == "interrupted"
+    assert [f.name for f in report.unknown_folders(tmp_path)] == ["backup"]
+    html = report.render_report(tmp_path).read_text()
+    assert "03_rl/backup" in html and "not read as runs" in html
+    assert oct((tmp_path / "report.html").stat().st_mode & 0o777) == "0o644"
