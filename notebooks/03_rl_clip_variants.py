@@ -80,7 +80,7 @@ bf16 = False
 # One strict, typed config (`RLExperimentConfig`); every arm is a diff against it that changes only the keys it
 # names, and the learning rate.
 
-# %%
+# %% tags=["config"]
 import time
 
 import matplotlib.pyplot as plt

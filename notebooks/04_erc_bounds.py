@@ -75,7 +75,7 @@ bf16 = False
 # Every arm is a diff against one base config: the loss and its clip range, the ERC bounds, the random mask, or the
 # learning rate.
 
-# %%
+# %% tags=["config"]
 import time
 
 import pandas as pd

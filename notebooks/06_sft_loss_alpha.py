@@ -58,7 +58,7 @@ bf16 = False
 # ## Configuration
 # One strict config; each α is a diff that changes `sft_alpha` only.
 
-# %%
+# %% tags=["config"]
 import time
 
 import pandas as pd

@@ -75,7 +75,7 @@ bf16 = False
 # %% [markdown]
 # ## Configuration
 
-# %%
+# %% tags=["config"]
 import contextlib, json, time
 from pathlib import Path
 
