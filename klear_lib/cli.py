@@ -158,6 +158,16 @@ def parse_value(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
 
 
+def load_yaml_file(path: str | os.PathLike) -> Any:
+    """A preset or config file, read as the CLI reads values (``1e-4`` is a float): one parser for the CLI's
+    presets and ``-p`` overrides and for ``klear_lib.train.launch``'s config files."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            return yaml.load(f, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+        except yaml.YAMLError as err:
+            raise KlearError(f"{path}: not valid YAML: {err}") from None
+
+
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     """`["seed=2", "lr=1e-4"]` -> `{"seed": 2, "lr": 0.0001}`; a later key wins."""
     out = {}
@@ -190,11 +200,7 @@ def _load_params_with_sources(
         if not presets:
             raise KlearError(f"no presets for notebook {name!r}: {params_dir / name} has no *.yaml")
         raise KlearError(f"no preset {preset!r} for {name}; its presets: {', '.join(presets)}")
-    with open(path, encoding="utf-8") as f:
-        try:
-            loaded = yaml.load(f, Loader=_Loader)  # noqa: S506
-        except yaml.YAMLError as err:
-            raise KlearError(f"{path}: not valid YAML: {err}") from None
+    loaded = load_yaml_file(path)
     loaded = {} if loaded is None else loaded
     if not isinstance(loaded, dict):
         raise KlearError(f"{path}: a preset must be a mapping of parameter: value, got {type(loaded).__name__}")

@@ -100,3 +100,11 @@ def test_launch_runs_data_parallel_over_two_cpu_processes(tiny_model, tmp_path):
     records = runs.read_metrics(out / "metrics.jsonl")
     assert len([r for r in records if "actor/pg_loss" in r]) == 4  # written by one process, not two
     models.load_model_and_tokenizer(out / "model", dtype=torch.float32)
+
+
+def test_config_files_read_numbers_as_the_cli_does(tmp_path):
+    """One parser for presets, -p overrides and launch configs: `1e-6` is a float, not the string YAML 1.1 makes it."""
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("model: /m\nrl_lr: 1e-6\nsft_lr: 2e-3\nrollouts: 3\n")
+    rl, _ = launch.load_config(cfg_file, {"weight_decay": 0.0})
+    assert rl.rl_lr == 1e-6 and isinstance(rl.rl_lr, float) and rl.sft_lr == 2e-3 and rl.rollouts == 3

@@ -26,7 +26,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 
 from klear_lib import models, runs
 from klear_lib.config import RLExperimentConfig, from_dict
@@ -56,7 +55,9 @@ class LaunchConfig:
 
 def load_config(path: str | os.PathLike, overrides: dict) -> tuple[RLExperimentConfig, LaunchConfig]:
     """Split the flat mapping into the two configs; an unknown key names the file and the valid keys."""
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    from klear_lib.cli import load_yaml_file
+
+    raw = load_yaml_file(path) or {}
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected a flat mapping of keys to values")
     raw.update(overrides)
