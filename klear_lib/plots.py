@@ -11,6 +11,7 @@ import pandas as pd
 from klear_lib.glossary import title as metric_title
 from klear_lib.runs import read_metrics
 
+
 def _finish(fig, axes, used: int, *, legend: bool, title: str | None, out: str | Path | None):
     """Blank the unused panels, add the legend and title, lay out, save to ``out`` if given."""
     for ax in list(axes.flat)[used:]:

@@ -76,8 +76,9 @@ bf16 = False
 # ## Configuration
 
 # %% tags=["config"]
-import contextlib, json, time
-from pathlib import Path
+import contextlib
+import json
+import time
 
 import matplotlib.pyplot as plt
 import numpy as np

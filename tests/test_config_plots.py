@@ -2,11 +2,10 @@
 
 import math
 
-import pandas as pd
 import pytest
 
-from klear_lib.config import RLExperimentConfig
 from klear_lib import plots, runs
+from klear_lib.config import RLExperimentConfig
 
 
 def test_unknown_key_lists_the_valid_ones():

@@ -11,8 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from klear_lib.data import tasks
-from klear_lib.evaluation.metrics import (avg_at_n, bootstrap_ci, maj_at_k, math_maj_at_k, math_majority,
-                                          mean_pass_at_k, pass_at_k, per_problem_pass_at_k)
+from klear_lib.evaluation.metrics import (
+    avg_at_n,
+    bootstrap_ci,
+    maj_at_k,
+    math_maj_at_k,
+    math_majority,
+    mean_pass_at_k,
+    pass_at_k,
+    per_problem_pass_at_k,
+)
 from klear_lib.rewards.math import extract_answer
 from klear_lib.rewards.pool import RewardPool
 

@@ -2,12 +2,11 @@
 real rollouts, every completion gets a reason, and the trainer sees the scores."""
 
 import pytest
+from test_rl_trainer import make_trainer, tiny  # noqa: F401  (tiny is a fixture)
 
+from klear_lib.recipe import KlearLossConfig
 from klear_lib.rewards.math import score_math
 from klear_lib.rewards.pool import RewardPool, make_trl_reward_func
-from klear_lib.recipe import KlearLossConfig
-
-from test_rl_trainer import make_trainer, tiny  # noqa: F401  (tiny is a fixture)
 
 
 def test_pool_backed_math_reward_in_the_trainer(tiny, tmp_path):  # noqa: F811

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from klear_lib.rewards.pool import RewardPool
 from klear_lib.rewards.math import OPTION_NAMES, REASONS, gold_source, score_math
+from klear_lib.rewards.pool import RewardPool
 from klear_lib.rewards.result import RewardResult
 
 ANSWER = "<think>Let me work it out.</think>\nThe final answer is "

@@ -9,7 +9,14 @@ from collections import defaultdict
 
 import torch
 
-from klear_lib.data.tasks import ForkFact, Problem, exact_answer_reward, fork_probe_prefixes, is_fork_problem, prompt_messages
+from klear_lib.data.tasks import (
+    ForkFact,
+    Problem,
+    exact_answer_reward,
+    fork_probe_prefixes,
+    is_fork_problem,
+    prompt_messages,
+)
 from klear_lib.rollout import generate
 
 

@@ -19,9 +19,9 @@ Rule (reference §5, "Rewards / Math"):
 Every judgement is a ``RewardResult`` whose ``reason`` is one of ``REASONS``.
 
 What math-verify 0.9 accepts (the agreement table in tests/test_reward_math.py, 114 of 126 cases agree with
-the mathematical verdict): equivalent numbers and expressions (3/4 = 0.75 = \frac{6}{8}, 2\sqrt{2} = \sqrt{8},
+the mathematical verdict): equivalent numbers and expressions (3/4 = 0.75 = \frac{6}{8}, 2\\sqrt{2} = \\sqrt{8},
 x = 3 for 3), sets, intervals, tuples and matrices; ``\text{}`` units and degree signs are dropped (5 cm = 5,
-30° = 30, but 30° ≠ π/6); ``p\%`` equals p/100 and, leniently, also p (50 passes for 50%); numbers are compared
+30° = 30, but 30° ≠ π/6); ``p\\%`` equals p/100 and, leniently, also p (50 passes for 50%); numbers are compared
 after rounding to 6 decimals (0.3333333 passes for 1/3); unicode ½, √2, π are not read.
 
 Timeouts. math-verify bounds its parse and its comparison with ``signal.alarm`` (whole seconds), which only works

@@ -26,7 +26,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from klear_lib import models, runs
 from klear_lib.config import RLExperimentConfig, from_dict
 
