@@ -102,7 +102,8 @@ def validate_claims(claims, *, where: str = "claims") -> list[dict]:
             raise ValueError(f"{at} ({c.get('id', '?')}): missing field(s) {missing}")
         unknown = sorted(set(c) - set(CLAIM_FIELDS) - set(OPTIONAL_FIELDS))
         if unknown:
-            raise ValueError(f"{at} ({c['id']}): unknown field(s) {unknown}; fields: {list(CLAIM_FIELDS + OPTIONAL_FIELDS)}")
+            raise ValueError(f"{at} ({c['id']}): unknown field(s) {unknown}; "
+                             f"fields: {list(CLAIM_FIELDS + OPTIONAL_FIELDS)}")
         for f in ("id", "claim", "source", "metric"):
             if not isinstance(c[f], str) or not c[f]:
                 raise ValueError(f"{at}.{f} must be a non-empty string, got {c[f]!r}")

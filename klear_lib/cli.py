@@ -319,7 +319,10 @@ def dry_run_config(notebook: pathlib.Path, params: Mapping[str, Any]) -> None:
     import nbformat
 
     nb = nbformat.read(str(notebook), as_version=4)
-    tagged = lambda tag: [c.source for c in nb.cells if c.cell_type == "code" and tag in c.get("metadata", {}).get("tags", [])]  # noqa: E731
+
+    def tagged(tag: str) -> list[str]:
+        return [c.source for c in nb.cells if c.cell_type == "code" and tag in c.get("metadata", {}).get("tags", [])]
+
     config_cells = tagged(CONFIG_TAG)
     if not config_cells:
         return
@@ -449,7 +452,8 @@ def run_notebook(
         try:
             run_dir = runs.create_run_dir(layout.output_root, name).resolve()
         except OSError as err:
-            raise KlearError(f"cannot create a run directory under {layout.output_root}: {err.strerror or err}") from None
+            raise KlearError(f"cannot create a run directory under {layout.output_root}: "
+                             f"{err.strerror or err}") from None
         record = {"notebook": name, "notebook_path": str(notebook), "preset": preset, "params": params,
                   RUN_DIR_PARAM: str(run_dir), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     output = run_dir / runs.NOTEBOOK_FILE

@@ -35,7 +35,8 @@ GLOSSARY.update({
     "step": ("optimizer step", "optimizer steps taken so far (1 for the first)"),
     "rollout": ("rollout", "step records: the rollout whose mini-batch the step trained on (from 1); rollout "
                 "records: rollouts done (0 = before RL)"),
-    "actor/positive_loss": ("positive-sample NLL", "-Σ_{j fully correct} Σ_t log π_θ(y_j,t) / Σ_{j fully correct} |y_j| "
+    "actor/positive_loss": ("positive-sample NLL", "-Σ_{j fully correct} Σ_t log π_θ(y_j,t) / "
+                            "Σ_{j fully correct} |y_j| "
                             "(token-mean over the fully-correct responses); the loss adds α times it"),
     "actor/response_tokens": ("response tokens", "Σ m: response tokens of the mini-batch that enter the loss"),
     "actor/random_stop_frac": ("randomly stopped fraction", "Σ m·[u < p] / Σ m, u ~ U(0,1) per token, p = "
@@ -51,7 +52,8 @@ GLOSSARY.update({
     "klear/informative_completions": ("completions in the step", "completions of the kept groups in the optimizer "
                                       "step's mini-batch, over every process (= mini_batch_prompts × "
                                       "num_generations but on a rollout's last step)"),
-    "klear/positive_frac": ("fully-correct share (step)", "share of the step's completions whose reward is the maximum"),
+    "klear/positive_frac": ("fully-correct share (step)",
+                            "share of the step's completions whose reward is the maximum"),
     "entropy": ("token entropy (current policy)", "Σ m·H_θ / Σ m, H of the temperature-scaled next-token distribution"),
     "old_entropy": ("token entropy (rollout policy)", "Σ m·H_old / Σ m"),
     "grad_norm": ("gradient norm (before clipping)", "‖∇_θ loss‖₂ over every parameter, before max_grad_norm clipping"),

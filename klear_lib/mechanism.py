@@ -115,7 +115,8 @@ def simulate_forks(arm: str, *, updates: int, lr: float, seeds: int = 20, forks:
             mask = active.view(-1, 1, 1).expand_as(logp).to(torch.float64)  # inactive seeds contribute nothing
             loss, metrics = compute_policy_loss(loss_name, old_log_prob=old_logp.reshape(seeds * group, forks),
                                                 log_prob=logp.reshape(seeds * group, forks),
-                                                advantages=adv.reshape(-1), response_mask=mask.reshape(seeds * group, forks),
+                                                advantages=adv.reshape(-1),
+                                                response_mask=mask.reshape(seeds * group, forks),
                                                 config=cfg)
             # token-mean over the active seeds' tokens: scale back so each seed's gradient is its own token-mean
             (grad,) = torch.autograd.grad(loss * int(active.sum()), theta_req)

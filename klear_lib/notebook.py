@@ -76,7 +76,8 @@ def parse_list(value: Any, name: str, cast: Callable[[str], Any] = str, *, allow
         try:
             out.append(cast(item))
         except (TypeError, ValueError):
-            raise ValueError(f"{name} = {value!r}: {item!r} is not a valid {getattr(cast, '__name__', 'value')}") from None
+            kind = getattr(cast, "__name__", "value")
+            raise ValueError(f"{name} = {value!r}: {item!r} is not a valid {kind}") from None
     if allowed is not None:
         bad = [x for x in out if x not in allowed]
         if bad:

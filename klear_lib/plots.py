@@ -32,7 +32,8 @@ def metrics_frame(run_dir: str | Path) -> pd.DataFrame:
     return pd.DataFrame(read_metrics(Path(run_dir) / "metrics.jsonl"))
 
 
-def curves(df: pd.DataFrame, metric: str, *, by: str = "variant", seed: str = "seed", x: str = "rollout") -> pd.DataFrame:
+def curves(df: pd.DataFrame, metric: str, *, by: str = "variant", seed: str = "seed",
+           x: str = "rollout") -> pd.DataFrame:
     """Per ``by`` and ``x``: mean, std and count of ``metric`` over seeds (each seed's records at one x averaged
     first; rows lacking the metric ignored)."""
     keys = [by] if isinstance(by, str) else list(by)
@@ -64,8 +65,8 @@ def plot_curves(df: pd.DataFrame, metrics: list[str], *, by: str = "variant", x:
                               color=colors.get(name), label=str(name))
             ax.fill_between(g[x], g["mean"] - g["std"], g["mean"] + g["std"], alpha=0.2, color=colors.get(name))
             handles.setdefault(str(name), line)
-        ax.set_title(metric_title(metric) + ("" if value is None else f" ({facet} {value:g})" if isinstance(value, float)
-                                             else f" ({facet} {value})"), fontsize=10)
+        where = "" if value is None else f" ({facet} {value:g})" if isinstance(value, float) else f" ({facet} {value})"
+        ax.set_title(metric_title(metric) + where, fontsize=10)
         ax.set_xlabel(metric_title(x))
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:

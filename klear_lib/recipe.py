@@ -77,5 +77,6 @@ class KlearLossConfig:
             raise bad("random_stop_frac", "be in [0, 1)")
         if not self.oversample_factor >= 1:
             raise bad("oversample_factor", "be >= 1 (1: generate exactly the target prompt count)")
-        if isinstance(self.max_gen_batches, bool) or not isinstance(self.max_gen_batches, int) or self.max_gen_batches < 1:
+        n = self.max_gen_batches
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise bad("max_gen_batches", "be an int >= 1")

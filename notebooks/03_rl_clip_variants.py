@@ -45,7 +45,7 @@
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
 variants = "ppo_clip,cispo,gppo,gppo_beta_low_0.5"
 lrs = "5e-5,1e-4"                              # every arm runs at the first; ...
-lr_variants = "ppo_clip,gppo"                  # ... these also at the others: a GPPO win must not be a bigger step alone
+lr_variants = "ppo_clip,gppo"                  # ... these at the others too (a GPPO win must not be a bigger step)
 seeds = "0,1,2,3"
 model = "tiny"
 n_train = 6000
@@ -262,7 +262,8 @@ cols = {"actor/pg_clipfrac_low": "clip low", "actor/pg_clipfrac_high": "clip hig
         "actor/pg_clipfrac_high_fork": "clip high @fork", "actor/gppo_preserved_frac_fork": "GPPO-preserved @fork",
         "klear/fork_token_frac": "fork tokens"}
 mech = (100 * steps.groupby(["lr", "variant"], sort=False)[list(cols)].mean()).rename(columns=cols)
-mech["updates per rollout"] = steps.groupby(["lr", "variant", "seed", "rollout"]).size().groupby(["lr", "variant"]).mean()
+per_rollout = steps.groupby(["lr", "variant", "seed", "rollout"]).size()
+mech["updates per rollout"] = per_rollout.groupby(["lr", "variant"]).mean()
 display(mech.round(3))
 ppo_clip_frac = float(mech.xs("ppo_clip", level="variant")[["clip low", "clip high"]].sum(axis=1).mean())
 print(f"ppo_clip clips {ppo_clip_frac:.2f}% of response tokens on average (low + high); at the fork tokens "
@@ -281,8 +282,8 @@ for (arm, lr, seed), g in ev.groupby(["variant", "lr", "seed"]):
     per_run.append({"variant": arm, "lr": lr, "seed": seed,
                     "auc_fork": claims.area_under_curve(g["rollout"], g["eval/avg_at_n_fork"]),
                     "auc_rest": claims.area_under_curve(g["rollout"], g["eval/avg_at_n_rest"]),
-                    "rollouts_to_threshold": claims.first_crossing(g["rollout"], g["eval/avg_at_n_fork"], fork_threshold,
-                                                                   censored=base.rollouts + base.eval_every),
+                    "rollouts_to_threshold": claims.first_crossing(
+                        g["rollout"], g["eval/avg_at_n_fork"], fork_threshold, censored=base.rollouts + base.eval_every),
                     "final_fork": g.sort_values("rollout")["eval/avg_at_n_fork"].iloc[-1],
                     "final_rest": g.sort_values("rollout")["eval/avg_at_n_rest"].iloc[-1]})
 per_run = pd.DataFrame(per_run)
@@ -337,7 +338,8 @@ display(contrasts.round(4))
 table = per_run.groupby(["lr", "variant"], sort=False).agg(
     auc_fork=("auc_fork", "mean"), final_fork=("final_fork", "mean"), final_rest=("final_rest", "mean"),
     rollouts_to_threshold=("rollouts_to_threshold", "mean"), seeds=("seed", "nunique"))
-PAPER_ROLE = {"ppo_clip": "DAPO clip-higher (ε 0.2/0.28): the baseline", "gppo": "GPPO (β 1): above DAPO through training",
+PAPER_ROLE = {"ppo_clip": "DAPO clip-higher (ε 0.2/0.28): the baseline",
+              "gppo": "GPPO (β 1): above DAPO through training",
               "cispo": "CISPO: keeps every gradient, clips every weight (not a claim of the paper)",
               "gppo_beta_low_0.5": "CE-GPPO β_l 0.5: higher entropy"}
 summary = {
@@ -357,8 +359,9 @@ summary = {
                    "T 0.6: area under the curve over the rollouts and final, %; mean over seeds)",
         "columns": ["lr", "arm", "paper", "ours: AUC fork", "ours: final fork", "ours: final rest",
                     "ours: rollouts to threshold", "seeds"],
-        "rows": [[f"{lr:g}", arm, PAPER_ROLE.get(arm, ""), round(100 * r["auc_fork"], 1), round(100 * r["final_fork"], 1),
-                  round(100 * r["final_rest"], 1), round(r["rollouts_to_threshold"], 1), int(r["seeds"])]
+        "rows": [[f"{lr:g}", arm, PAPER_ROLE.get(arm, ""), round(100 * r["auc_fork"], 1),
+                  round(100 * r["final_fork"], 1), round(100 * r["final_rest"], 1),
+                  round(r["rollouts_to_threshold"], 1), int(r["seeds"])]
                  for (lr, arm), r in table.iterrows()],
         "note": "The paper: GPPO above DAPO's clip-higher on AIME and LiveCodeBench through RL (Klear-Reasoner 8B). "
                 "Ours: the claims table gives each paired difference with its interval and verdict.",

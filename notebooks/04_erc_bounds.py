@@ -115,7 +115,8 @@ base = RLExperimentConfig.from_params(dict(
 ))
 configs = {a: base.replace(**ARMS[a]) for a in arm_list}  # validates every arm
 run_path = notebook.start_run("04_erc_bounds", run_dir, {
-    "base": base, "arms": {a: ARMS[a] for a in arm_list}, "seeds": seed_list, "random_mask_matches": random_mask_matches,
+    "base": base, "arms": {a: ARMS[a] for a in arm_list}, "seeds": seed_list,
+    "random_mask_matches": random_mask_matches,
     "collapse_entropy_factor": collapse_entropy_factor, "probe_prompts": probe_prompts, "workers": workers})
 print(f"run dir: {run_path}")
 print(f"{len(arm_list)} arms x {len(seed_list)} seeds; {base.rollouts} rollouts of up to {base.updates_per_rollout} "
@@ -134,8 +135,9 @@ start = ws.start
 # differently chunked fp32 pass, and a bf16 pass. Stopped fraction per old-entropy bucket (nats).
 
 # %%
-floor = mechanism.erc_noise_floor(ws.model, ws.tokenizer, [tasks.prompt_messages(p) for p in ws.heldout[:probe_prompts]],
-                                  n=4, temperature=base.temperature, max_new_tokens=base.max_completion_length)
+probe_batch = [tasks.prompt_messages(p) for p in ws.heldout[:probe_prompts]]
+floor = mechanism.erc_noise_floor(ws.model, ws.tokenizer, probe_batch, n=4, temperature=base.temperature,
+                                  max_new_tokens=base.max_completion_length)
 floor_table = floor.pivot_table(index=["old entropies from", "bucket"], columns="bounds", values="stopped_frac",
                                 sort=False)
 display((100 * floor_table).round(3))
@@ -211,7 +213,8 @@ for (arm, seed), g in steps.groupby(["variant", "seed"]):
     row = {"variant": arm, "seed": seed,
            "grad_norm_cv": float(gn.std() / gn.mean()),
            "max_entropy_jump": float(ent_by_rollout.diff().abs().max()) if len(ent_by_rollout) > 1 else 0.0,
-           "entropy_spike": bool(g["entropy"].max() > collapse_entropy_factor * g.sort_values("step")["entropy"].iloc[0]),
+           "entropy_spike": bool(g["entropy"].max()
+                                 > collapse_entropy_factor * g.sort_values("step")["entropy"].iloc[0]),
            "auc": claims.area_under_curve(e["rollout"], e["eval/avg_at_n"]),
            "final": float(e["eval/avg_at_n"].iloc[-1]), "start": float(e["eval/avg_at_n"].iloc[0]),
            "stopped_frac": float(g["stopped_frac"].mean()), "clip_frac": float(g["clip_frac"].mean()),
@@ -261,7 +264,8 @@ if "dapo_erc_0.95_1.05" in arm_list:
     mean, lo, hi = claims.paired_bootstrap(g["low_minus_high_stopped"].tolist())
     claim_list.append({"id": "erc_stops_low_entropy_tokens", "claim": "ERC stops mostly low-entropy tokens",
                        "source": "a third-party summary of the ERC paper",
-                       "metric": "stopped share of low-entropy tokens (H_old < 0.1) - of high-entropy ones (H_old >= 1), "
+                       "metric": "stopped share of low-entropy tokens (H_old < 0.1) - of high-entropy ones "
+                                 "(H_old >= 1), "
                                  "dapo_erc_0.95_1.05",
                        "effect": mean, "ci_low": lo, "ci_high": hi, "seeds": len(g), "direction": 1,
                        "verdict": claims.verdict(lo, hi, 1)})
@@ -303,10 +307,12 @@ print("run-dir contract complete:", not runs.check_run_dir(run_path))
 print("every requested arm and seed ran:", len(per_run) == len(arm_list) * len(seed_list))
 print("without ERC or a mask nothing is stopped:",
       bool((steps[steps["variant"].isin(["dapo", "dapo_half_lr", "gppo"])]["stopped_frac"] == 0).all()))
-print("the random mask stops about the matched fraction:", matched_frac is None or bool(
-    abs(per_run[per_run["variant"] == "dapo_random_mask"]["stopped_frac"].mean() - matched_frac) <= 0.5 * matched_frac + 1e-3))
+masked = per_run[per_run["variant"] == "dapo_random_mask"]["stopped_frac"]
+print("the random mask stops about the matched fraction:",
+      matched_frac is None or bool(abs(masked.mean() - matched_frac) <= 0.5 * matched_frac + 1e-3))
 print("the exact fp32 path has no noise floor:",
       bool((floor[floor["old entropies from"] != "bf16 pass"]["stopped_frac"] == 0).all()))
-print("bucket shares sum to 1:", bool(((steps[[f"erc/token_share_{b}" for b in buckets]].sum(axis=1) - 1).abs() < 1e-6).all()))
+shares = steps[[f"erc/token_share_{b}" for b in buckets]].sum(axis=1)
+print("bucket shares sum to 1:", bool(((shares - 1).abs() < 1e-6).all()))
 print("every logged metric is defined in the glossary:", not glossary.undefined(df.columns))
 print("every claim has a verdict from its interval:", bool(claims.validate_claims(claim_list)))

@@ -125,11 +125,12 @@ ev = df.dropna(subset=["eval/avg_at_n_fork"])
 per_run = []
 for (v, seed), g in ev.groupby(["variant", "seed"]):
     g = g.sort_values("rollout")
-    per_run.append({"variant": v, "seed": seed, "auc_fork": claims.area_under_curve(g["rollout"], g["eval/avg_at_n_fork"]),
+    per_run.append({"variant": v, "seed": seed,
+                    "auc_fork": claims.area_under_curve(g["rollout"], g["eval/avg_at_n_fork"]),
                     "auc_rest": claims.area_under_curve(g["rollout"], g["eval/avg_at_n_rest"]),
                     "final_fork": g["eval/avg_at_n_fork"].iloc[-1], "final": g["eval/avg_at_n"].iloc[-1]})
-per_run = pd.DataFrame(per_run).merge(steps.groupby(["variant", "seed"])["entropy"].mean().rename("entropy").reset_index(),
-                                      on=["variant", "seed"])
+run_entropy = steps.groupby(["variant", "seed"])["entropy"].mean().rename("entropy").reset_index()
+per_run = pd.DataFrame(per_run).merge(run_entropy, on=["variant", "seed"])
 table = per_run.groupby("variant", sort=False).agg(
     auc_fork=("auc_fork", "mean"), auc_fork_std=("auc_fork", "std"), final_fork=("final_fork", "mean"),
     auc_rest=("auc_rest", "mean"), entropy=("entropy", "mean"), seeds=("seed", "nunique")).reindex(list(configs))
@@ -155,7 +156,8 @@ entropy_cost = {}
 for v in configs:  # the entropy each α costs against α = 0, with its interval (a read-out, not a claim)
     if v != "alpha=0" and "alpha=0" in configs:
         a, b = by_seed(v, "entropy"), by_seed("alpha=0", "entropy")
-        entropy_cost[v] = dict(zip(("effect", "ci_low", "ci_high"), claims.paired_bootstrap([a[s] - b[s] for s in a if s in b])))
+        interval = claims.paired_bootstrap([a[s] - b[s] for s in a if s in b])
+        entropy_cost[v] = dict(zip(("effect", "ci_low", "ci_high"), interval))
 display(pd.DataFrame(claim_list)[["id", "metric", "effect", "ci_low", "ci_high", "seeds", "verdict"]].round(4)
         if claim_list else "no claim: α 0, 0.1 and 0.2 are not all in `alphas`")
 display(pd.DataFrame(entropy_cost).T.round(5))
@@ -189,7 +191,8 @@ notebook.write_summary(run_path, summary)
 # Invariants of the run, printed in a form that is the same on every machine and preset (nbval compares it).
 print("run-dir contract complete:", not runs.check_run_dir(run_path))
 print("every requested α and seed ran:", len(per_run) == len(configs) * len(seed_list))
-print("positive-sample NLL logged for every α:", bool(steps.groupby("variant")["actor/positive_loss"].count().gt(0).all()))
+print("positive-sample NLL logged for every α:",
+      bool(steps.groupby("variant")["actor/positive_loss"].count().gt(0).all()))
 print("every run made at least one update on response tokens:",
       bool((steps.groupby(["variant", "seed"])["actor/response_tokens"].sum() > 0).all())
       and len(steps.groupby(["variant", "seed"])) == len(per_run))

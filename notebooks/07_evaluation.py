@@ -125,7 +125,8 @@ base = RLExperimentConfig.from_params(dict(
 protocol = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k or None,
                           repetition_penalty=repetition_penalty, max_new_tokens=max(budget_list), seed=seed)
 
-run_path = notebook.start_run("07_evaluation", run_dir, {"seed": seed, "benchmarks": bench_names, "benchmark_paths": paths, "checkpoints": ckpts,
+run_path = notebook.start_run("07_evaluation", run_dir, {"seed": seed, "benchmarks": bench_names,
+                                                         "benchmark_paths": paths, "checkpoints": ckpts,
                                    "train_tiny": train_tiny, "tiny": base, "engine": engine, "n": n,
                                    "budgets": budget_list, "yarn_factor": yarn_factor,
                                    "original_context": original_context, "protocol": protocol, "limit": limit})
@@ -161,7 +162,8 @@ if train_tiny:
     runs.set_seed(seed)
     rl_model, rl_tok = models.load_model_and_tokenizer(ws.sft_dir, dtype=torch.float32)
     with runs.MetricsWriter(run_path / "metrics.jsonl") as writer:
-        rl_model, _ = run_rl(base, rl_model, rl_tok, ws.train, ws.heldout, writer, tags={"variant": "gppo", "seed": seed})
+        rl_model, _ = run_rl(base, rl_model, rl_tok, ws.train, ws.heldout, writer,
+                             tags={"variant": "gppo", "seed": seed})
     rl_dir = models.save_model_and_tokenizer(rl_model, rl_tok, run_path / "rl" / "final")
     ckpts = {"SFT": str(ws.sft_dir), "SFT+RL": str(rl_dir), **ckpts}
     print(f"tiny checkpoints ready in {time.perf_counter() - clock:.0f}s")
@@ -192,7 +194,8 @@ def engine_options(yarn):
 rows, clock = [], time.perf_counter()
 with contextlib.ExitStack() as stack:
     # One judge pool per benchmark, opened once for every checkpoint and budget (each benchmark sets up its own).
-    pools = {name: stack.enter_context(B.open_judge_pool(bench, workers=judge_workers)) for name, bench in benches.items()}
+    pools = {name: stack.enter_context(B.open_judge_pool(bench, workers=judge_workers))
+             for name, bench in benches.items()}
     for label, path in ckpts.items():
         for yarn in sorted({bool(yarn_factor) and b > original_context for b in budget_list}):
             eng = make_engine(engine, path, **engine_options(yarn))
@@ -282,7 +285,8 @@ claim_list = []
 hi_b, lo_b = max(budget_list), min(budget_list)
 for name in benches:
     if {"SFT", "SFT+RL"} <= set(res.checkpoint):
-        c = claims.paired_claim(f"rl_above_sft.{name}@{hi_b}", "RL (GPPO) lifts the SFT model", "Klear-Reasoner Table 1",
+        c = claims.paired_claim(f"rl_above_sft.{name}@{hi_b}", "RL (GPPO) lifts the SFT model",
+                                "Klear-Reasoner Table 1",
                                 f"avg@n on {name} at {hi_b} tokens, SFT+RL - SFT (paired over problems)",
                                 per_problem("SFT+RL", hi_b, name), per_problem("SFT", hi_b, name))
         c["note"] = "one training seed: the interval is over problems (and samples), not over training runs"
@@ -295,7 +299,8 @@ for name in benches:
                                     per_problem(ck, hi_b, name), per_problem(ck, lo_b, name))
             c["note"] = "one training seed: the interval is over problems (and samples)"
             claim_list.append(c)
-display(pd.DataFrame(claim_list)[["id", "effect", "ci_low", "ci_high", "verdict"]].round(4) if claim_list else "no claims")
+display(pd.DataFrame(claim_list)[["id", "effect", "ci_low", "ci_high", "verdict"]].round(4)
+        if claim_list else "no claims")
 checks = {c["id"]: c["verdict"] for c in claim_list}
 
 beside = {"caption": "Table 1: the paper's avg@n (%) beside ours (avg@n %, 95% bootstrap CI)",
@@ -319,7 +324,9 @@ notebook.write_summary(run_path, {"results": rows, "checks": checks, "claims": c
 # NBVAL_CHECK_OUTPUT
 # Invariants of the run, printed in a form that is the same on every machine (nbval compares this output).
 print("run-dir contract complete:", not runs.check_run_dir(run_path))
-print("one row per checkpoint x budget x benchmark:", len(rows) == len({(r["checkpoint"], r["budget"], r["benchmark"]) for r in rows}) == len(budget_list) * len(benches) * len({r["checkpoint"] for r in rows}))
+cells = {(r["checkpoint"], r["budget"], r["benchmark"]) for r in rows}
+print("one row per checkpoint x budget x benchmark:",
+      len(rows) == len(cells) == len(budget_list) * len(benches) * len({r["checkpoint"] for r in rows}))
 print("every row has n samples per problem:", all(r["n"] == (n or benches[r["benchmark"]].n) for r in rows))
 print("intervals contain their estimate:", all(r["ci_low"] <= r["avg_at_n"] <= r["ci_high"] for r in rows))
 print("pass@k never falls with k:", all(np.all(np.diff(list(r["pass_at_k"].values())) >= -1e-12) for r in rows))

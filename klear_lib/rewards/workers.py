@@ -66,9 +66,12 @@ def checked(result, failure_score: float) -> RewardResult:
     if not math.isfinite(float(score)):
         return RewardResult(failure_score, "invalid_score",
                             detail=_short(f"score is {float(score)!r}; judge's reason {result.reason!r}"))
-    count = (lambda v: None if v is None else int(v))
-    return RewardResult(float(score), str(result.reason), count(result.passed), count(result.total),
+    return RewardResult(float(score), str(result.reason), _count(result.passed), _count(result.total),
                         str(result.detail))
+
+
+def _count(value):
+    return None if value is None else int(value)
 
 
 def _grade(score_fn, item: dict, failure_score: float) -> RewardResult:

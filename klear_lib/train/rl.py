@@ -133,7 +133,8 @@ class KlearGRPOTrainer(GRPOTrainer):
         if self.use_vllm and self.vllm_importance_sampling_correction:
             raise ValueError(
                 "KlearGRPOTrainer does not apply TRL's vLLM importance-sampling correction (Klear has none; the old "
-                "log-probs are the training model's, as in verl): set GRPOConfig.vllm_importance_sampling_correction=False"
+                "log-probs are the training model's, as in verl): set "
+                "GRPOConfig.vllm_importance_sampling_correction=False"
             )
         self.klear = klear or KlearLossConfig()
         if self.beta != 0.0:
@@ -143,13 +144,15 @@ class KlearGRPOTrainer(GRPOTrainer):
                              f"gradient_accumulation_steps=1, got {self.args.gradient_accumulation_steps}")
         world, G = self.accelerator.num_processes, self.num_generations
         if (self.args.per_device_train_batch_size * world) % G:
-            raise ValueError(f"per_device_train_batch_size × processes = {self.args.per_device_train_batch_size * world}"
+            raise ValueError(f"per_device_train_batch_size × processes = "
+                             f"{self.args.per_device_train_batch_size * world}"
                              f" completions per optimizer step must hold whole groups of num_generations={G}")
         self.mini_batch_prompts = self.args.per_device_train_batch_size * world // G
         self.target_prompts = self.mini_batch_prompts * self.args.steps_per_generation
         gen = math.ceil(self.target_prompts * self.klear.oversample_factor)
         self.gen_prompts = math.ceil(gen / world) * world  # every process generates the same number of prompts
-        self.rollout_budget = rollouts if rollouts is not None else self.args.max_steps // self.args.steps_per_generation
+        default_budget = self.args.max_steps // self.args.steps_per_generation
+        self.rollout_budget = rollouts if rollouts is not None else default_budget
         if self.rollout_budget < 1:
             raise ValueError(f"rollouts must be >= 1, got {self.rollout_budget}")
         if self.args.max_steps < self.rollout_budget * self.args.steps_per_generation:
@@ -175,7 +178,8 @@ class KlearGRPOTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *a, **kw):
         if self._capture_old_entropy:  # the old-log-prob pass inside _generate_and_score_completions
             kw["compute_entropy"] = True
-            logps, entropies, aux = self._logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *a, **kw)
+            logps, entropies, aux = self._logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *a,
+                                                              **kw)
             self._captured_old_entropy = entropies
             self._capture_old_entropy = False  # only the first pass is the rollout policy's
             return logps, entropies, aux
