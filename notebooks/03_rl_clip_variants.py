@@ -303,11 +303,11 @@ for lr in lr_list:
     if "gppo" in arm_list and (lr == lr_list[0] or "gppo" in lr_arms):
         claim_list.append(claims.paired_claim(
             f"gppo_vs_dapo.auc_fork.lr={lr:g}", "GPPO learns faster than DAPO's clip-higher",
-            "Klear-Reasoner §2.3, Fig. 3", f"area under the held-out fork-problem curve, gppo - ppo_clip, lr {lr:g}",
+            "Klear-Reasoner (arXiv 2508.07629), Fig. 3", f"area under the held-out fork-problem curve, gppo - ppo_clip, lr {lr:g}",
             by_seed("gppo", lr, "auc_fork"), by_seed("ppo_clip", lr, "auc_fork"), direction=1))
         claim_list.append(claims.paired_claim(
             f"gppo_vs_dapo.rollouts_to_threshold.lr={lr:g}", "GPPO learns faster than DAPO's clip-higher",
-            "Klear-Reasoner §2.3, Fig. 3",
+            "Klear-Reasoner (arXiv 2508.07629), Fig. 3",
             f"rollouts until fork-problem accuracy ≥ {fork_threshold}, gppo - ppo_clip, lr {lr:g}",
             by_seed("gppo", lr, "rollouts_to_threshold"), by_seed("ppo_clip", lr, "rollouts_to_threshold"),
             direction=-1))
