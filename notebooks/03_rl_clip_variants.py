@@ -384,9 +384,8 @@ print("every requested arm, learning rate and seed ran:", len(per_run) == len(pa
 print("on-policy control: every loss gave the same run:", control_probe_spread < 1e-5 and control_eval_spread == 0)
 first = df[(df["rollout"] == 1) & df["reward"].notna()].groupby(["lr", "seed"])["reward"].nunique()
 print("every arm saw the same first rollout at each seed:", bool((first == 1).all()))
-print("every run made at least one update on response tokens:",
-      bool((steps.groupby(["variant", "lr", "seed"])["actor/response_tokens"].sum() > 0).all())
-      and len(steps.groupby(["variant", "lr", "seed"])) == len(per_run))
+updates = steps[(steps["actor/response_tokens"] > 0) & (steps["grad_norm"] > 0)].groupby(["variant", "lr", "seed"]).size()
+print("every run made an update with a non-zero gradient on response tokens:", len(updates) == len(per_run))
 print("GPPO-preserved fraction is 0 for the non-GPPO losses:",
       bool((steps[~steps["variant"].str.startswith("gppo")]["actor/gppo_preserved_frac"] == 0).all()))
 print("every logged metric is defined in the glossary:", not glossary.undefined(df.columns))

@@ -305,6 +305,8 @@ notebook.write_summary(run_path, summary)
 # Invariants of the run, printed in a form that is the same on every machine and preset (nbval compares it).
 print("run-dir contract complete:", not runs.check_run_dir(run_path))
 print("every requested arm and seed ran:", len(per_run) == len(arm_list) * len(seed_list))
+updates = steps[(steps["actor/response_tokens"] > 0) & (steps["grad_norm"] > 0)].groupby(["variant", "seed"]).size()
+print("every run made an update with a non-zero gradient on response tokens:", len(updates) == len(per_run))
 print("without ERC or a mask nothing is stopped:",
       bool((steps[steps["variant"].isin(["dapo", "dapo_half_lr", "gppo"])]["stopped_frac"] == 0).all()))
 masked = per_run[per_run["variant"] == "dapo_random_mask"]["stopped_frac"]
