@@ -47,8 +47,11 @@ def interleaved(cases: dict, repeats: int) -> tuple[dict[str, float], dict[str, 
             fn()
             wall[name].append(time.perf_counter() - t0)
             cpu[name].append(_cpu_s() - c0)
-    med = lambda d: {name: statistics.median(ts) * 1e3 for name, ts in d.items()}  # noqa: E731
-    return med(wall), med(cpu)
+    return _median_ms(wall), _median_ms(cpu)
+
+
+def _median_ms(times: dict) -> dict:
+    return {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
 
 
 def _cpu_s() -> float:

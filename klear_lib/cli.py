@@ -86,7 +86,10 @@ class Layout:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Layout:
         root = pathlib.Path(args.repo_root).resolve() if args.repo_root else default_repo_root()
-        pick = lambda flag, default: pathlib.Path(flag).resolve() if flag else root / default  # noqa: E731
+
+        def pick(flag, default):
+            return pathlib.Path(flag).resolve() if flag else root / default
+
         return cls(
             repo_root=root,
             notebooks_dir=pick(args.notebooks_dir, "notebooks"),
@@ -332,11 +335,11 @@ def dry_run_config(notebook: pathlib.Path, params: Mapping[str, Any]) -> None:
         try:
             with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
                 for source in tagged("parameters"):
-                    exec(compile(source, f"{notebook.name}:parameters", "exec"), namespace)  # noqa: S102
+                    exec(compile(source, f"{notebook.name}:parameters", "exec"), namespace)  # noqa: S102 (own cell)
                 namespace.update(params)
                 namespace[RUN_DIR_PARAM] = scratch
                 for i, source in enumerate(config_cells):
-                    exec(compile(source, f"{notebook.name}:config[{i}]", "exec"), namespace)  # noqa: S102
+                    exec(compile(source, f"{notebook.name}:config[{i}]", "exec"), namespace)  # noqa: S102 (own cell)
         except Exception as err:  # noqa: BLE001 (the notebook's own validation: reported as a usage error)
             raise KlearError(f"{notebook.stem}: {err}") from None
 

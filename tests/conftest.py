@@ -1,6 +1,9 @@
 import pytest
 import torch
 
+from klear_lib import models
+from klear_lib.data import tasks
+
 # Fixture notebooks are inputs of tests/test_cli.py (one of them fails on purpose), not notebooks to validate.
 collect_ignore = ["fixtures"]
 
@@ -13,3 +16,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A small task split, its tokenizer and a tiny model spec for trainer tests (tests/test_rl_trainer.py)."""
+    train, _ = tasks.make_splits(0, 64, 4)
+    tok = models.build_tokenizer(tasks.corpus(train))
+    spec = models.TinyModelSpec(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                intermediate_size=128)
+    return train, tok, spec

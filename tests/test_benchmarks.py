@@ -8,21 +8,21 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-import base64  # noqa: E402
-import json  # noqa: E402
-import pickle  # noqa: E402
-import random  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import zlib  # noqa: E402
+import base64
+import json
+import pickle
+import random
+import re
+import shutil
+import zlib
 
-import datasets  # noqa: E402
-import pytest  # noqa: E402
+import datasets
+import pytest
 
-from klear_lib.data import tasks  # noqa: E402
-from klear_lib.data.hub import SchemaError, aime_row, hmmt_row, lcb_row, write_jsonl  # noqa: E402
-from klear_lib.evaluation import benchmarks  # noqa: E402
-from klear_lib.evaluation.benchmarks import (  # noqa: E402
+from klear_lib.data import tasks
+from klear_lib.data.hub import SchemaError, aime_row, hmmt_row, lcb_row, write_jsonl
+from klear_lib.evaluation import benchmarks
+from klear_lib.evaluation.benchmarks import (
     BENCHMARKS,
     CODE_JUDGE,
     LCB_IMPORTS,
@@ -37,9 +37,9 @@ from klear_lib.evaluation.benchmarks import (  # noqa: E402
     open_judge_pool,
     register_benchmark,
 )
-from klear_lib.rewards.code import score_code  # noqa: E402
-from klear_lib.rewards.math import score_math  # noqa: E402
-from klear_lib.rewards.pool import RewardPool  # noqa: E402
+from klear_lib.rewards.code import score_code
+from klear_lib.rewards.math import score_math
+from klear_lib.rewards.pool import RewardPool
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 

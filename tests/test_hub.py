@@ -9,14 +9,14 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-import json  # noqa: E402
-import re  # noqa: E402
-import tracemalloc  # noqa: E402
+import json
+import re
+import tracemalloc
 
-import datasets  # noqa: E402
-import pytest  # noqa: E402
+import datasets
+import pytest
 
-from klear_lib.data.hub import (  # noqa: E402
+from klear_lib.data.hub import (
     SFT_FAMILIES,
     EvalProblem,
     RLRecord,
@@ -36,7 +36,7 @@ from klear_lib.data.hub import (  # noqa: E402
     sft_sample_to_chat,
     write_jsonl,
 )
-from klear_lib.data.selection import filter_by_correctness  # noqa: E402
+from klear_lib.data.selection import filter_by_correctness
 
 FORMATS = ("jsonl", "parquet", "disk")
 INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."

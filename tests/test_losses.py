@@ -27,7 +27,9 @@ LOSSES = sorted(POLICY_LOSSES)
 def run(name, old, logp, adv, mask=None, mode="seq-mean-token-sum", config=None, entropy=None,
         old_entropy=None):
     """Loss `name` on float64 copies of the inputs; returns (loss value, d loss / d log_prob, metrics)."""
-    t = lambda x: torch.as_tensor(x, dtype=DT)  # noqa: E731
+    def t(x):
+        return torch.as_tensor(x, dtype=DT)
+
     lp = t(logp).clone().requires_grad_(True)
     mask = torch.ones_like(lp, dtype=torch.bool) if mask is None else torch.as_tensor(mask).bool()
     loss, metrics = compute_policy_loss(
@@ -337,8 +339,13 @@ def loop_reference(name, old, logp, adv, mask, mode, cfg, ent, old_ent):
 @st.composite
 def loss_inputs(draw):
     B, T = draw(st.integers(1, 4)), draw(st.integers(1, 7))
-    fl = lambda lo, hi: st.floats(lo, hi, allow_nan=False, allow_infinity=False)  # noqa: E731
-    grid = lambda s: draw(st.lists(st.lists(s, min_size=T, max_size=T), min_size=B, max_size=B))  # noqa: E731
+
+    def fl(lo, hi):
+        return st.floats(lo, hi, allow_nan=False, allow_infinity=False)
+
+    def grid(s):
+        return draw(st.lists(st.lists(s, min_size=T, max_size=T), min_size=B, max_size=B))
+
     old = grid(fl(-3.0, 0.0))
     logp = [[o + lr for o, lr in zip(orow, lrow)] for orow, lrow in zip(old, grid(fl(-1.2, 2.6)))]
     if draw(st.booleans()):

@@ -2,14 +2,14 @@
 real rollouts, every completion gets a reason, and the trainer sees the scores."""
 
 import pytest
-from test_rl_trainer import make_trainer, tiny  # noqa: F401  (tiny is a fixture)
+from test_rl_trainer import make_trainer
 
 from klear_lib.recipe import KlearLossConfig
 from klear_lib.rewards.math import score_math
 from klear_lib.rewards.pool import RewardPool, make_trl_reward_func
 
 
-def test_pool_backed_math_reward_in_the_trainer(tiny, tmp_path):  # noqa: F811
+def test_pool_backed_math_reward_in_the_trainer(tiny, tmp_path):
     with RewardPool(score_math, workers=2, timeout_s=10.0, failure_score=-1.0) as pool:
         reward = make_trl_reward_func(pool, {"gold": "answer"}, "math_verify")
         records = []

@@ -18,15 +18,6 @@ from klear_lib.train.rl import KlearGRPOTrainer, correctness_reward
 TEMPERATURE = 0.9  # not 1, so that a missing temperature scaling would show
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    train, _ = tasks.make_splits(0, 64, 4)
-    tok = models.build_tokenizer(tasks.corpus(train))
-    spec = models.TinyModelSpec(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                intermediate_size=128)
-    return train, tok, spec
-
-
 def make_trainer(tiny, tmp_path, *, klear, reward_funcs=None, steps=2, updates=2, lr=1e-3, max_len=12, seed=0,
                  schedule="linear", rollouts=None, per_device=8, generations=4, weight_decay=0.0, on_rollout=()):
     """A trainer on the tiny task: ``per_device`` completions per optimizer step, at most ``updates`` steps per
@@ -112,8 +103,10 @@ def test_trainer_loss_is_the_library_loss(tiny, tmp_path):
 def test_later_updates_of_a_rollout_are_off_policy(tiny, tmp_path):
     klear = KlearLossConfig(loss_name="gppo", policy_loss=PolicyLossConfig(erc_low=0.999, erc_high=1.001),
                             filter_groups=False)
-    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=2, updates=2, lr=1e-2,
-                           reward_funcs=[lambda completions, **kw: [float(len(c[-1]["content"]) % 3) for c in completions]])
+    def length_mod_3(completions, **kw):
+        return [float(len(c[-1]["content"]) % 3) for c in completions]
+
+    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=2, updates=2, lr=1e-2, reward_funcs=[length_mod_3])
     trainer.train()
     logs = [h for h in trainer.state.log_history if "actor/ratio_max" in h]
     assert len(logs) == 2

@@ -88,6 +88,10 @@ def descendants() -> list[str]:
     return found
 
 
+
+def _listing(d):
+    return sorted(os.listdir(d)) if os.path.isdir(d) else None
+
 class Host:
     """What a program must not reach: a planted directory with a secret, hidden test data, a world-writable
     folder and a listening unix socket, plus a TCP server on the host's loopback and an abstract unix socket."""
@@ -113,8 +117,7 @@ class Host:
         self.tcp_port = self.servers[2].getsockname()[1]
 
     def state(self):
-        listing = lambda d: sorted(os.listdir(d)) if os.path.isdir(d) else None  # noqa: E731
-        return snapshot(self.dir), listing(os.path.expanduser("~")), listing(REPO), listing(REPO / "tests")
+        return snapshot(self.dir), _listing(os.path.expanduser("~")), _listing(REPO), _listing(REPO / "tests")
 
     def connections(self) -> int:
         n = 0

@@ -27,12 +27,12 @@ if importlib.util.find_spec("verl") is None:
         raise RuntimeError("KLEAR_REQUIRE_VERL=1 but verl is not installed (make test installs it)")
     pytest.skip("verl is not installed", allow_module_level=True)
 
-import verl  # noqa: E402
-from verl.trainer.ppo import core_algos  # noqa: E402
-from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
+import verl
+from verl.trainer.ppo import core_algos
+from verl.workers.config import ActorConfig, PolicyLossConfig
 
-from klear_lib import losses  # noqa: E402
-from klear_lib.integrations import verl as kv  # noqa: E402
+from klear_lib import losses
+from klear_lib.integrations import verl as kv
 
 
 def actor_config(**kw):
