@@ -61,6 +61,16 @@ def cache_root() -> Path:
     return output_root() / ".cache"
 
 
+def config_from(cls, namespace: Mapping[str, Any], **fixed: Any):
+    """``cls`` (a strict config dataclass with ``from_params``) from a notebook's parameters: every field of
+    ``cls`` that ``namespace`` (the notebook's ``globals()``) defines, then ``fixed`` on top (what the notebook
+    holds constant, e.g. ``sft_alpha=0.0``). Types and ranges are checked by ``cls``."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls.from_params({**{k: namespace[k] for k in sorted(names) if k in namespace}, **fixed})
+
+
 def parse_list(value: Any, name: str, cast: Callable[[str], Any] = str, *, allowed=None) -> list:
     """A list parameter, written as a comma-separated string (``"0,1,2"``); a single number is a one-item list
     (``-p seeds=1`` gives the int 1). Empty items are errors, as are items ``cast`` refuses or not in ``allowed``;

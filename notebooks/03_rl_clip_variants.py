@@ -71,6 +71,7 @@ control_rollouts = 2                           # rollouts of the one-update-per-
 panel_seeds = 20                               # the mechanism panel's seeds ...
 panel_groups = 128                             # ... and groups of samples per run
 workers = 2                                    # runs at a time (one CPU thread each)
+report_to = "none"                             # or tensorboard / trackio / wandb (installed): <run dir>/tracking
 use_vllm = False
 use_cpu = True
 bf16 = False
@@ -106,15 +107,7 @@ lr_arms = notebook.parse_list(lr_variants, "lr_variants", allowed=arm_list)
 if len(lr_list) > 1 and not {"ppo_clip", "gppo"} <= set(lr_arms) and "gppo" in arm_list:
     raise ValueError(f"lr_variants = {lr_variants!r}: the learning-rate control needs ppo_clip and gppo at every lr")
 seed_list = notebook.parse_list(seeds, "seeds", int)
-base = RLExperimentConfig.from_params(dict(
-    model=model, n_train=n_train, n_heldout=n_heldout, levels=levels, sft_lr=sft_lr, sft_epochs=sft_epochs,
-    sft_batch_size=sft_batch_size, fork_facts=fork_facts, fork_wrong_rate=fork_wrong_rate, rollouts=rollouts,
-    rollout_prompts=rollout_prompts, mini_batch_prompts=mini_batch_prompts, oversample_factor=oversample_factor,
-    max_gen_batches=max_gen_batches,
-    num_generations=num_generations, max_completion_length=max_completion_length, sft_alpha=0.0,
-    eval_every=eval_every, eval_n=eval_n, eval_temperature=eval_temperature, use_vllm=use_vllm, use_cpu=use_cpu,
-    bf16=bf16,
-))
+base = notebook.config_from(RLExperimentConfig, globals(), sft_alpha=0.0)  # α is notebook 06's question
 # (arm, lr) pairs: every arm at the first learning rate, the lr_variants at the others too
 pairs = [(a, lr) for i, lr in enumerate(lr_list) for a in arm_list if i == 0 or a in lr_arms]
 configs = {(a, lr): base.replace(**ARMS[a], rl_lr=lr) for a, lr in pairs}  # validates each arm

@@ -66,6 +66,7 @@ eval_temperature = 0.6
 collapse_entropy_factor = 3.0                  # an entropy above this × its first step's value counts as a collapse
 probe_prompts = 32                             # the noise-floor probe's prompts, 4 completions each
 workers = 2
+report_to = "none"                             # or tensorboard / trackio / wandb (installed): <run dir>/tracking
 use_vllm = False
 use_cpu = True
 bf16 = False
@@ -105,14 +106,7 @@ if "dapo" not in arm_list:
 if "dapo_random_mask" in arm_list and random_mask_matches not in arm_list:
     raise ValueError(f"random_mask_matches = {random_mask_matches!r} must be one of the ERC arms in variants")
 seed_list = notebook.parse_list(seeds, "seeds", int)
-base = RLExperimentConfig.from_params(dict(
-    model=model, n_train=n_train, n_heldout=n_heldout, levels=levels, sft_lr=sft_lr, sft_epochs=sft_epochs,
-    sft_batch_size=sft_batch_size, fork_facts=fork_facts, fork_wrong_rate=fork_wrong_rate, rollouts=rollouts,
-    rollout_prompts=rollout_prompts, mini_batch_prompts=mini_batch_prompts, oversample_factor=oversample_factor,
-    max_gen_batches=max_gen_batches, num_generations=num_generations, max_completion_length=max_completion_length,
-    rl_lr=rl_lr, sft_alpha=0.0, eval_every=eval_every, eval_n=eval_n, eval_temperature=eval_temperature,
-    use_vllm=use_vllm, use_cpu=use_cpu, bf16=bf16,
-))
+base = notebook.config_from(RLExperimentConfig, globals(), sft_alpha=0.0)
 configs = {a: base.replace(**ARMS[a]) for a in arm_list}  # validates every arm
 run_path = notebook.start_run("04_erc_bounds", run_dir, {
     "base": base, "arms": {a: ARMS[a] for a in arm_list}, "seeds": seed_list,

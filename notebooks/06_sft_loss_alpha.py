@@ -50,6 +50,7 @@ eval_every = 2
 eval_n = 4
 eval_temperature = 0.6                         # the paper's
 workers = 2
+report_to = "none"                             # or tensorboard / trackio / wandb (installed): <run dir>/tracking
 use_vllm = False
 use_cpu = True
 bf16 = False
@@ -71,14 +72,7 @@ from klear_lib.train.sft import arithmetic_warm_start
 notebook.quiet()
 alpha_list = notebook.parse_list(alphas, "alphas", float)
 seed_list = notebook.parse_list(seeds, "seeds", int)
-base = RLExperimentConfig.from_params(dict(
-    model=model, n_train=n_train, n_heldout=n_heldout, levels=levels, sft_lr=sft_lr, sft_epochs=sft_epochs,
-    sft_batch_size=sft_batch_size, fork_facts=fork_facts, fork_wrong_rate=fork_wrong_rate, rollouts=rollouts,
-    rollout_prompts=rollout_prompts, mini_batch_prompts=mini_batch_prompts, oversample_factor=oversample_factor,
-    max_gen_batches=max_gen_batches, num_generations=num_generations, max_completion_length=max_completion_length,
-    rl_lr=rl_lr, eval_every=eval_every, eval_n=eval_n, eval_temperature=eval_temperature, use_vllm=use_vllm,
-    use_cpu=use_cpu, bf16=bf16, loss="gppo",
-))
+base = notebook.config_from(RLExperimentConfig, globals(), loss="gppo")  # Klear's loss; α varies below
 configs = {f"alpha={a:g}": base.replace(sft_alpha=a) for a in alpha_list}  # validates every α (>= 0)
 run_path = notebook.start_run("06_sft_loss_alpha", run_dir, {"base": base, "alphas": alpha_list, "seeds": seed_list,
                                                              "workers": workers})

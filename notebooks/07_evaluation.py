@@ -68,6 +68,7 @@ rl_lr = 5e-5
 sft_alpha = 0.1
 eval_every = 6
 eval_n = 4
+report_to = "none"                             # or tensorboard / trackio / wandb (installed): <run dir>/tracking
 use_vllm = False
 use_cpu = True
 bf16 = False
@@ -120,7 +121,7 @@ base = RLExperimentConfig.from_params(dict(
     rollout_prompts=rollout_prompts, mini_batch_prompts=mini_batch_prompts, num_generations=num_generations,
     max_completion_length=max_completion_length, rl_lr=rl_lr, sft_alpha=sft_alpha, eval_every=eval_every,
     eval_n=eval_n, eval_temperature=temperature, use_vllm=use_vllm, use_cpu=use_cpu, bf16=bf16, loss="gppo",
-    seed=seed,
+    seed=seed, report_to=report_to,
 ))
 protocol = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k or None,
                           repetition_penalty=repetition_penalty, max_new_tokens=max(budget_list), seed=seed)
@@ -163,7 +164,7 @@ if train_tiny:
     rl_model, rl_tok = models.load_model_and_tokenizer(ws.sft_dir, dtype=torch.float32)
     with runs.MetricsWriter(run_path / "metrics.jsonl") as writer:
         rl_model, _ = run_rl(base, rl_model, rl_tok, ws.train, ws.heldout, writer,
-                             tags={"variant": "gppo", "seed": seed})
+                             tags={"variant": "gppo", "seed": seed}, tracking_dir=run_path / "tracking" / "rl")
     rl_dir = models.save_model_and_tokenizer(rl_model, rl_tok, run_path / "rl" / "final")
     ckpts = {"SFT": str(ws.sft_dir), "SFT+RL": str(rl_dir), **ckpts}
     print(f"tiny checkpoints ready in {time.perf_counter() - clock:.0f}s")
