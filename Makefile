@@ -36,8 +36,10 @@ setup: $(STAMP)
 reproduce: $(STAMP)
 	$(VENV)/bin/klear reproduce --preset $(PRESET)
 
-# The whole suite: unit and integration tests, then every notebook at its `smoke` preset under nbval.
+# The whole suite: the linter (library, tests, benchmarks, tools, the notebooks' .py halves), unit and integration
+# tests (the notebook pairs' agreement among them), then every notebook at its `smoke` preset under nbval.
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	rm -rf .nbval && mkdir -p .nbval
 	for nb in notebooks/[0-9]*.ipynb; do \
 	  name=$$(basename $$nb .ipynb); \
