@@ -132,8 +132,9 @@ def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, t
     clock = time.perf_counter()
     failure = None
     ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
-                                initargs=(threads,)) as pool:
+    pool = cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
+                                  initargs=(threads,))
+    try:
         futures = {}
         for job in todo:
             metrics, result = _paths(run_dir, job)
@@ -159,6 +160,13 @@ def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, t
             left = elapsed / ran * (len(jobs) - done_count) if ran else 0.0
             progress(f"[{done_count:3d}/{len(jobs)}] {job.key} done in {results[job.key]['seconds']:.0f}s "
                      f"(elapsed {elapsed:.0f}s, about {left / 60:.1f} min left)")
+    except BaseException:  # Ctrl-C above all: stop now; the running units are lost (redone on the next call)
+        # concurrent.futures has no public way to stop a running task: end its worker processes
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     if failure is not None:
         raise failure
     return {k: results[k] for k in keys}

@@ -3,6 +3,7 @@ the first unit finished, then run again into the same run directory, give exactl
 run: the finished unit is not redone, the interrupted one is redone from its start, nothing is written twice."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -50,13 +51,14 @@ def test_an_interrupted_run_resumed_equals_an_uninterrupted_one(tmp_path, start)
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     subprocess.run([sys.executable, str(script), str(whole), str(start)], check=True, timeout=600)
 
-    proc = subprocess.Popen([sys.executable, str(script), str(parts), str(start)], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(script), str(parts), str(start)], stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     first = parts / "units" / "gppo_seed=0.json"
     deadline = time.monotonic() + 300
     while not first.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert first.exists(), "the first unit never finished"
-    proc.send_signal(signal.SIGINT)  # the second unit is running: it is lost
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole group; the second unit is lost
     proc.communicate(timeout=120)
     assert proc.returncode != 0
     assert not (parts / "units" / "gppo_seed=1.json").exists()
