@@ -23,9 +23,9 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import HTML, display
 
-from klear_lib import report, runs
+from klear_lib import notebook, report, runs
 
-run_path = Path(run_dir) if run_dir else runs.create_run_dir(output_root or "outputs", "00_report")
+run_path = Path(run_dir) if run_dir else runs.create_run_dir(output_root or notebook.output_root(), "00_report")
 run_path.mkdir(parents=True, exist_ok=True)
 root = Path(output_root) if output_root else run_path.resolve().parent.parent  # <root>/00_report/<stamp>
 out = Path(report_path) if report_path else root / "report.html"
