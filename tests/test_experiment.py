@@ -27,7 +27,8 @@ def test_jobs_run_in_workers_and_metrics_merge_in_job_order(tmp_path):
 
 def test_a_failure_names_the_unit_and_a_rerun_redoes_only_what_did_not_finish(tmp_path):
     jobs, log = jobs_for(tmp_path, [1, 2, 3], fail={2})
-    with pytest.raises(experiment.JobFailed, match=r"unit 'job/n=2' \(jobfns:count_and_write\) failed: RuntimeError: job 2 failed on purpose"):
+    expected = r"unit 'job/n=2' \(jobfns:count_and_write\) failed: RuntimeError: job 2 failed on purpose"
+    with pytest.raises(experiment.JobFailed, match=expected):
         experiment.run_jobs(jobs, tmp_path / "run", workers=1, progress=lambda *_: None)
     done_before = calls(log)
     assert 2 in done_before

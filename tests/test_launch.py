@@ -77,8 +77,8 @@ def test_unsloth_needs_a_gpu_and_unsloth(tiny_model, tmp_path, monkeypatch):
 def test_launch_with_unsloth_on_a_gpu(tiny_model, tmp_path, mode):
     pytest.importorskip("unsloth")
     out = tmp_path / mode
-    assert launch.main(["--config", str(CONFIG), "--out", str(out), "-p", f"model={tiny_model}", "-p", f"unsloth={mode}",
-                        "-p", "lora_rank=8", "-p", "use_cpu=false", "-p", "bf16=true"]) == 0
+    assert launch.main(["--config", str(CONFIG), "--out", str(out), "-p", f"model={tiny_model}",
+                        "-p", f"unsloth={mode}", "-p", "lora_rank=8", "-p", "use_cpu=false", "-p", "bf16=true"]) == 0
     steps = [r for r in runs.read_metrics(out / "metrics.jsonl") if "actor/pg_loss" in r]
     assert len(steps) == 4 and all(torch.isfinite(torch.tensor(r["actor/pg_loss"])) for r in steps)
 

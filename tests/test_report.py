@@ -293,7 +293,8 @@ def test_status_json_gives_the_cause_and_only_run_named_folders_are_runs(tmp_pat
     (i / "status.json").write_text(json.dumps({"status": "interrupted", "cause": "Ctrl-C (SIGINT)"}))
     (tmp_path / "03_rl" / "backup").mkdir()
     got = {r.notebook: r for r in report.collect_runs(tmp_path)}
-    assert got["03_rl"].status == "failed" and "out of memory" in got["03_rl"].error and "last cell 7" in got["03_rl"].error
+    failed = got["03_rl"]
+    assert failed.status == "failed" and "out of memory" in failed.error and "last cell 7" in failed.error
     assert got["04_erc"].status == "interrupted"
     assert [f.name for f in report.unknown_folders(tmp_path)] == ["backup"]
     html = report.render_report(tmp_path).read_text()

@@ -29,8 +29,9 @@ def test_rl_run_writes_tensorboard_events_with_step_and_rollout_metrics(tmp_path
                              eval_every=1, filter_groups=False, report_to="tensorboard", fork_facts="")
     train, held = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, cfg.level_list)
     tok = models.build_tokenizer(tasks.corpus(train))
-    model = models.build_tiny_model(tok, models.TinyModelSpec(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                                              num_key_value_heads=1, intermediate_size=64))
+    spec = models.TinyModelSpec(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                intermediate_size=64)
+    model = models.build_tiny_model(tok, spec)
     with runs.MetricsWriter(tmp_path / "metrics.jsonl") as w:
         run_rl(cfg, model, tok, train, held, w, tags={"seed": 0}, tracking_dir=tmp_path / "tracking",
                progress=lambda *_: None)

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
 from datasets import Dataset
 from transformers import PrinterCallback
 from transformers.trainer_utils import get_last_checkpoint
@@ -225,7 +224,6 @@ def arithmetic_warm_start(cfg, out_dir: str | Path, *, cache_root: str | Path | 
     reused by every later call (notebooks 03, 04, 06 and 07 share it); ``out_dir/sft_start.json`` records which.
     Without it, the model is trained into ``out_dir``.
     """
-    import json
     import os
     import shutil
     import time
