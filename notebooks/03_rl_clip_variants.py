@@ -210,7 +210,8 @@ evals = cdf.dropna(subset=["eval/avg_at_n"]).pivot_table(index="rollout", column
 display(probe.round(6))
 control_probe_spread = float((probe.max(axis=1) - probe.min(axis=1)).max())
 control_eval_spread = float((evals.max(axis=1) - evals.min(axis=1)).max())
-control_ratio_max = float(cdf["actor/ratio_max"].dropna().max())
+control_steps = cdf.dropna(subset=["actor/pg_loss"]) if "actor/pg_loss" in cdf else cdf.iloc[0:0]
+control_ratio_max = float(control_steps["actor/ratio_max"].max()) if len(control_steps) else float("nan")
 print(f"control: largest spread across losses: probe {control_probe_spread:.1e}, held-out {control_eval_spread:.1e}; "
       f"largest ratio {control_ratio_max:.6f}")
 assert control_probe_spread < 1e-5 and control_eval_spread == 0, "on-policy runs of different losses differ"
@@ -374,7 +375,8 @@ notebook.write_summary(run_path, summary)
 # Invariants of the run, printed in a form that is the same on every machine and preset (nbval compares it).
 print("run-dir contract complete:", not runs.check_run_dir(run_path))
 print("every requested arm, learning rate and seed ran:", len(per_run) == len(pairs) * len(seed_list))
-print("on-policy control: every loss gave the same run:", control_probe_spread < 1e-5 and control_eval_spread == 0)
+print("on-policy control: every loss gave the same run, with updates at ratio 1:",
+      control_probe_spread < 1e-5 and control_eval_spread == 0 and abs(control_ratio_max - 1) < 1e-5)
 first = df[(df["rollout"] == 1) & df["reward"].notna()].groupby(["lr", "seed"])["reward"].nunique()
 print("every arm saw the same first rollout at each seed:", bool((first == 1).all()))
 updates = steps[(steps["actor/response_tokens"] > 0) & (steps["grad_norm"] > 0)].groupby(["variant", "lr", "seed"]).size()

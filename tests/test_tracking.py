@@ -45,3 +45,20 @@ def test_an_unknown_tracker_is_refused_before_any_work():
     with pytest.raises(ValueError, match=r"report_to must be one of \['none', 'tensorboard', 'trackio', 'wandb'\]"):
         RLExperimentConfig(report_to="mlflow")
     assert torch.__version__  # the import above is the CPU torch
+
+
+def test_every_optimizer_step_has_its_record_when_rollout_records_are_tracked(tmp_path):
+    """The rollout records reach the tracker through the callbacks' on_log, which clears `should_log`: the step that
+    ends a rollout must still be logged (one record per optimizer step, steps 1..N)."""
+    cfg = RLExperimentConfig(n_train=64, n_heldout=4, levels="1,2", rollouts=2, rollout_prompts=2,
+                             mini_batch_prompts=1, num_generations=4, max_completion_length=10, eval_n=1,
+                             eval_every=1, filter_groups=False, fork_facts="")
+    train, held = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, cfg.level_list)
+    tok = models.build_tokenizer(tasks.corpus(train))
+    spec = models.TinyModelSpec(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                intermediate_size=64)
+    with runs.MetricsWriter(tmp_path / "metrics.jsonl") as w:
+        run_rl(cfg, models.build_tiny_model(tok, spec), tok, train, held, w, tags={"seed": 0},
+               progress=lambda *_: None)
+    steps = [r["step"] for r in runs.read_metrics(tmp_path / "metrics.jsonl") if "actor/pg_loss" in r]
+    assert steps == [1, 2, 3, 4]

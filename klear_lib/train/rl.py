@@ -588,8 +588,11 @@ class RolloutRecorder:
         self.writer.write(rec)
         numbers = {k: v for k, v in rec.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                    and k not in self.tags and k != "step"}
-        # the experiment tracker (report_to) sees the rollout records too; MetricsCallback ignores them
+        # the experiment tracker (report_to) sees the rollout records too; MetricsCallback ignores them. The handler's
+        # on_log clears control.should_log, which the optimizer step being finished still needs: keep it.
+        should_log = trainer.control.should_log
         trainer.callback_handler.on_log(trainer.args, trainer.state, trainer.control, logs=numbers)
+        trainer.control.should_log = should_log
 
 
 def correctness_reward(completions, answer, **kwargs) -> list[float]:
