@@ -49,6 +49,12 @@ def _coerce(value, hint, where: str):
 TRACKERS = ("none", "tensorboard", "trackio", "wandb")
 
 
+def _same_named(cfg, cls, *, skip=()) -> dict:
+    """The values of ``cfg``'s fields that ``cls`` has under the same name (``skip`` left out)."""
+    own = {f.name for f in fields(cfg)}
+    return {f.name: getattr(cfg, f.name) for f in fields(cls) if f.name in own and f.name not in skip}
+
+
 def _check_ranges(cfg, *, positive=(), unit=(), non_negative=()) -> None:
     """Raise ValueError naming the first field out of its range: ``positive`` (> 0), ``unit`` (in [0, 1]),
     ``non_negative`` (>= 0)."""
@@ -128,13 +134,13 @@ class RLExperimentConfig(TaskModelConfig):
     fork_wrong_rate: float = 0.8
     """How often the SFT teacher writes a fork fact's wrong result (the student starts near p(right) = 1 - this)."""
     # -- RL (reference section 4 for Klear's values) ------------------------------------------------------------
-    loss: str = "gppo"
+    loss_name: str = "gppo"
     """Policy loss, a name in klear_lib.losses.POLICY_LOSSES."""
-    clip_low: float = 0.2
+    clip_ratio_low: float = 0.2
     """ε_l (Klear 0.2)."""
-    clip_high: float = 0.28
+    clip_ratio_high: float = 0.28
     """ε_h (Klear 0.28; ε_h > ε_l is DAPO's clip-higher)."""
-    clip_c: float | None = 10.0
+    clip_ratio_c: float | None = 10.0
     """Dual-clip constant for negative advantages (Klear 10); None turns it off."""
     beta_low: float = 1.0
     """GPPO β_l (paper 1; CE-GPPO 0.5 / 0.75)."""
@@ -251,26 +257,10 @@ class RLExperimentConfig(TaskModelConfig):
 
     @property
     def klear_loss(self) -> KlearLossConfig:
-        return KlearLossConfig(
-            loss_name=self.loss,
-            policy_loss=PolicyLossConfig(
-                clip_ratio_low=self.clip_low,
-                clip_ratio_high=self.clip_high,
-                clip_ratio_c=self.clip_c,
-                beta_low=self.beta_low,
-                beta_high=self.beta_high,
-                erc_low=self.erc_low,
-                erc_high=self.erc_high,
-            ),
-            loss_agg_mode=self.loss_agg_mode,
-            adv_std=self.adv_std,
-            filter_groups=self.filter_groups,
-            filter_rule=self.filter_rule,
-            oversample_factor=self.oversample_factor,
-            max_gen_batches=self.max_gen_batches,
-            random_stop_frac=self.random_stop_frac,
-            sft_alpha=self.sft_alpha,
-        )
+        """The recipe config: every field of ``KlearLossConfig`` and of its ``PolicyLossConfig`` that this config has
+        under the same name (one name per knob: a new loss option is a field there and a field here)."""
+        return KlearLossConfig(**_same_named(self, KlearLossConfig, skip={"policy_loss"}),
+                               policy_loss=PolicyLossConfig(**_same_named(self, PolicyLossConfig)))
 
 
 @dataclass

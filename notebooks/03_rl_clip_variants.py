@@ -94,10 +94,10 @@ from klear_lib.train.sft import arithmetic_warm_start
 
 notebook.quiet()
 ARMS = {  # name -> the keys it changes (paper: DAPO clip 0.2/0.28, GPPO β 1; CE-GPPO β_l 0.5)
-    "ppo_clip": dict(loss="ppo_clip"),
-    "cispo": dict(loss="cispo"),
-    "gppo": dict(loss="gppo"),
-    "gppo_beta_low_0.5": dict(loss="gppo", beta_low=0.5),
+    "ppo_clip": dict(loss_name="ppo_clip"),
+    "cispo": dict(loss_name="cispo"),
+    "gppo": dict(loss_name="gppo"),
+    "gppo_beta_low_0.5": dict(loss_name="gppo", beta_low=0.5),
 }
 arm_list = notebook.parse_list(variants, "variants", allowed=ARMS)
 if "ppo_clip" not in arm_list:

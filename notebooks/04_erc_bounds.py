@@ -89,8 +89,8 @@ from klear_lib.losses import ENTROPY_BUCKETS
 from klear_lib.train.sft import arithmetic_warm_start
 
 notebook.quiet()
-DAPO = dict(loss="ppo_clip", clip_low=0.2, clip_high=0.28)
-GPPO = dict(loss="gppo", clip_low=0.2, clip_high=0.2)  # the ERC paper's GPPO setting
+DAPO = dict(loss_name="ppo_clip", clip_ratio_low=0.2, clip_ratio_high=0.28)
+GPPO = dict(loss_name="gppo", clip_ratio_low=0.2, clip_ratio_high=0.2)  # the ERC paper's GPPO setting
 ARMS = {
     "dapo": dict(DAPO),
     "dapo_erc_0.8_1.2": dict(DAPO, erc_low=0.8, erc_high=1.2),

@@ -72,7 +72,7 @@ from klear_lib.train.sft import arithmetic_warm_start
 notebook.quiet()
 alpha_list = notebook.parse_list(alphas, "alphas", float)
 seed_list = notebook.parse_list(seeds, "seeds", int)
-base = notebook.config_from(RLExperimentConfig, globals(), loss="gppo")  # Klear's loss; α varies below
+base = notebook.config_from(RLExperimentConfig, globals(), loss_name="gppo")  # Klear's loss; α varies below
 configs = {f"alpha={a:g}": base.replace(sft_alpha=a) for a in alpha_list}  # validates every α (>= 0)
 run_path = notebook.start_run("06_sft_loss_alpha", run_dir, {"base": base, "alphas": alpha_list, "seeds": seed_list,
                                                              "workers": workers})

@@ -120,7 +120,7 @@ base = RLExperimentConfig.from_params(dict(
     sft_batch_size=sft_batch_size, fork_facts=fork_facts, fork_wrong_rate=fork_wrong_rate, rollouts=rollouts,
     rollout_prompts=rollout_prompts, mini_batch_prompts=mini_batch_prompts, num_generations=num_generations,
     max_completion_length=max_completion_length, rl_lr=rl_lr, sft_alpha=sft_alpha, eval_every=eval_every,
-    eval_n=eval_n, eval_temperature=temperature, use_vllm=use_vllm, use_cpu=use_cpu, bf16=bf16, loss="gppo",
+    eval_n=eval_n, eval_temperature=temperature, use_vllm=use_vllm, use_cpu=use_cpu, bf16=bf16, loss_name="gppo",
     seed=seed, report_to=report_to,
 ))
 protocol = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k or None,

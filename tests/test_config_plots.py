@@ -28,7 +28,7 @@ def test_derived_values_and_validation():
     with pytest.raises(ValueError, match="multiple of mini_batch_prompts"):
         RLExperimentConfig(rollout_prompts=10, mini_batch_prompts=4)
     with pytest.raises(ValueError, match="loss_name must be a registered loss"):
-        RLExperimentConfig(loss="ppo")
+        RLExperimentConfig(loss_name="ppo")
     with pytest.raises(ValueError, match="erc"):
         RLExperimentConfig(erc_low=0.9)  # ERC needs both bounds
 
@@ -53,7 +53,7 @@ def test_bad_values_are_refused_before_any_work(bad, message):
 
 def test_replace_is_a_checked_diff():
     base = RLExperimentConfig()
-    v = base.replace(loss="gppo", beta_low=0.5)
+    v = base.replace(loss_name="gppo", beta_low=0.5)
     assert v.beta_low == 0.5 and v.klear_loss.policy_loss.beta_low == 0.5
     assert {k for k in vars(v) if getattr(v, k) != getattr(base, k)} == {"beta_low"}
     with pytest.raises(ValueError, match="unknown key"):
@@ -98,3 +98,22 @@ def test_plot_writes_a_figure(run_dir, tmp_path):
                             out=tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 1000
     assert len([ax for ax in fig.axes if ax.lines]) == 2
+
+
+def test_one_name_per_knob_every_recipe_field_reaches_the_recipe_config():
+    """RLExperimentConfig names each loss and recipe knob as KlearLossConfig / PolicyLossConfig do, and klear_loss
+    hands every same-named field over (a new knob: a field there and a field here, nothing else)."""
+    import dataclasses
+
+    from klear_lib.losses import PolicyLossConfig
+    from klear_lib.recipe import KlearLossConfig
+
+    changed = RLExperimentConfig(loss_name="cispo", clip_ratio_low=0.15, clip_ratio_high=0.3, clip_ratio_c=5.0,
+                                 beta_low=0.5, erc_low=0.9, erc_high=1.1, sft_alpha=0.2, adv_std="population",
+                                 filter_rule="dapo", oversample_factor=1.5, max_gen_batches=3, random_stop_frac=0.1)
+    k = changed.klear_loss
+    for cls, obj in ((KlearLossConfig, k), (PolicyLossConfig, k.policy_loss)):
+        for f in dataclasses.fields(cls):
+            if hasattr(changed, f.name) and f.name != "policy_loss":
+                assert getattr(obj, f.name) == getattr(changed, f.name), f.name
+    assert (k.loss_name, k.policy_loss.clip_ratio_c, k.max_gen_batches) == ("cispo", 5.0, 3)

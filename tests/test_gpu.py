@@ -34,7 +34,7 @@ def _run(tiny_saved, tmp_path, **overrides):
 
 
 def test_trainer_runs_on_cuda_in_bf16(tiny_saved, tmp_path):
-    model, history, steps = _run(tiny_saved, tmp_path, loss="gppo", erc_low=0.8, erc_high=1.2)
+    model, history, steps = _run(tiny_saved, tmp_path, loss_name="gppo", erc_low=0.8, erc_high=1.2)
     assert next(model.parameters()).device.type == "cuda"
     assert len(steps) == 4 and len(history) == 3
     assert all(torch.isfinite(torch.tensor(r["actor/pg_loss"])) for r in steps)
@@ -43,6 +43,6 @@ def test_trainer_runs_on_cuda_in_bf16(tiny_saved, tmp_path):
 
 def test_vllm_rollouts(tiny_saved, tmp_path):
     pytest.importorskip("vllm")
-    _, history, steps = _run(tiny_saved, tmp_path, loss="gppo", use_vllm=True)
+    _, history, steps = _run(tiny_saved, tmp_path, loss_name="gppo", use_vllm=True)
     assert len(steps) == 4 and len(history) == 3
     assert all(r["old_entropy"] >= 0 for r in steps)

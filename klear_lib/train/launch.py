@@ -145,7 +145,7 @@ def launch(cfg: RLExperimentConfig, launch_cfg: LaunchConfig, out: str | os.Path
     metrics_path = out / runs.METRICS_FILE
     writer = runs.MetricsWriter(metrics_path) if main else _NullWriter()
     try:
-        _, history = run_rl(cfg, model, tokenizer, train, heldout, writer, tags={"variant": cfg.loss},
+        _, history = run_rl(cfg, model, tokenizer, train, heldout, writer, tags={"variant": cfg.loss_name},
                             output_dir=str(out / "checkpoints"), rows=rows, reward_funcs=reward_funcs,
                             evaluate=evaluate, save_dir=out / "model",
                             progress=print if main else (lambda *_: None))
