@@ -67,6 +67,32 @@ def test_splits_are_fixed_by_the_seed_and_disjoint():
     assert c_held == a_held
 
 
+def test_fair_quotas_hand_computed():
+    assert tasks.fair_quotas(128, [15, 45, 135, 1215]) == [15, 38, 38, 37]  # 113 = 38 + 38 + 37 after level 1
+    assert tasks.fair_quotas(6, [9, 9, 9, 9]) == [2, 2, 1, 1]
+    assert tasks.fair_quotas(0, [3, 0]) == [0, 0]
+    assert tasks.fair_quotas(5, [0, 5]) == [0, 5]
+    with pytest.raises(ValueError, match="does not fit"):
+        tasks.fair_quotas(4, [1, 2])
+
+
+def test_splits_have_level_quotas_and_every_level_keeps_training_questions():
+    """Pinned per-level counts of both splits (the notebooks' default split: data_seed 1234, 6,000 / 128)."""
+    train, held = tasks.make_splits(1234, 6000, 128)
+    count = lambda ps: {lvl: sum(p.level == lvl for p in ps) for lvl in tasks.LEVELS}
+    assert count(held) == {1: 15, 2: 38, 3: 38, 4: 37}  # level 1: half of its 30 questions, never all
+    assert count(train) == {1: 1500, 2: 1500, 3: 1500, 4: 1500}
+    assert len({p.question for p in held}) == 128
+    assert not {p.question for p in held} & {p.question for p in train}
+    assert len({p.question for p in train if p.level == 1}) == 15  # every level-1 question not held out
+    assert {p.level for p in train[:40]} == set(tasks.LEVELS)  # shuffled: a prefix mixes the levels
+    # notebook 01's validation + test draw (192) and odd sizes: remainders go to the first levels
+    _, held = tasks.make_splits(1234, 0, 192)
+    assert count(held) == {1: 15, 2: 45, 3: 66, 4: 66}  # level 2 holds out half of its 90
+    train, held = tasks.make_splits(0, 10, 7, levels=(2, 4))
+    assert count(held) == {1: 0, 2: 4, 3: 0, 4: 3} and count(train) == {1: 0, 2: 5, 3: 0, 4: 5}
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     train, _ = tasks.make_splits(0, 200, 10)
