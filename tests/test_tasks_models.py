@@ -208,3 +208,44 @@ def test_fork_probe_is_the_next_token_probability_of_the_right_and_wrong_digit()
     assert got["p_correct_fork"] == pytest.approx(sum(right) / len(right), abs=1e-5)
     assert got["p_wrong_fork"] == pytest.approx(sum(wrong) / len(wrong), abs=1e-5)
     assert len(right) == 4  # two probes per fact
+
+
+# -- the branch program-synthesis task (notebook 05) --------------------------------------------------------------
+def test_branch_code_problem_hand_computed_and_splits_hold_out_whole_functions():
+    p = tasks.branch_code_problem((7, 2, 5, 1))
+    # f(0) = 0 + 7, f(1) = 1 + 2, f(2) = 2 + 5, f(3) = 3 + 1
+    assert p.question == "Write a Python function f with f(0) = 7, f(1) = 3, f(2) = 7, f(3) = 4."
+    # inputs 4..11: 4 % 4 = 0 -> 4 + 7 = 11, 5 -> 7, 6 -> 11, 7 -> 8, then again +7, +2, +5, +1
+    assert [t["expected"] for t in p.tests] == [11, 7, 11, 8, 15, 11, 15, 12]
+    assert sorted(x % 4 for x in tasks.BRANCH_TEST_INPUTS) == [0, 0, 1, 1, 2, 2, 3, 3]  # every branch twice
+    train, held = tasks.make_branch_code_splits(3, 500, 20)
+    assert len({q.adds for q in held}) == 20 and not {q.adds for q in held} & {q.adds for q in train}
+    assert tasks.make_branch_code_splits(3, 500, 20) == (train, held)
+    with pytest.raises(ValueError, match="adds must be digits"):
+        tasks.branch_code_problem((1, 2, 3))  # 8 tests do not split over 3 branches
+    with pytest.raises(ValueError, match="n_heldout"):
+        tasks.make_branch_code_splits(0, 1, 60, branches=2)  # 100 functions: at most 50 held out
+
+
+def test_branch_code_teacher_errs_per_constant():
+    p = tasks.branch_code_problem((7, 2, 5, 1))
+    assert tasks.branch_code_solution(p).endswith("```python\ndef f(x):\n    return x + [7, 2, 5, 1][x % 4]\n```")
+    rng = random.Random(0)
+    right = [all(f"adds {c}" in line for c, line in zip(p.adds, tasks.branch_code_solution(p, rng, error_rate=0.4)
+                                                         .split("\n")[1:5])) for _ in range(3000)]
+    assert abs(sum(right) / len(right) - 0.6 ** 4) < 0.02  # fully right: 0.6^4 = 0.13
+
+
+@pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="bubblewrap is not installed")
+def test_branch_programs_in_the_sandbox_earn_partial_credit_per_branch():
+    from klear_lib.rewards.code import score_code
+
+    p = tasks.branch_code_problem((7, 2, 5, 1))
+    good = tasks.branch_code_solution(p)
+    assert score_code(good, p.tests, mode="soft").score == 1.0
+    one_wrong = good.replace("[7, 2, 5, 1]", "[7, 2, 6, 1]")
+    res = score_code(one_wrong, p.tests, mode="soft")
+    assert (res.passed, res.total, res.score, res.reason) == (6, 8, 0.75, "some_passed")
+    assert score_code(one_wrong, p.tests, mode="hard").score == 0.0
+    one_branch = tasks.branch_code_problem((4,))
+    assert score_code(tasks.branch_code_solution(one_branch), one_branch.tests, mode="hard").score == 1.0

@@ -382,3 +382,84 @@ def code_prompt_messages(problem: CodeProblem) -> list[dict]:
 def code_corpus(problems: list[CodeProblem]) -> list[str]:
     rng = random.Random(0)
     return [p.question for p in problems] + [code_teacher_solution(p, rng) for p in problems]
+
+
+# -- program synthesis with more branches (notebook 05): full passes rare, partial credit common -------------------
+# f(x) = x + c[x mod B], one constant c_k in 0..9 per branch k (B = 4 by default), shown through the examples
+# f(0) .. f(B-1); the chain of thought reads each c_k off f(k) - k. Hidden tests cover every branch equally, so a
+# program with j of B constants right passes j/B of them. With a per-branch error p the teacher's program is fully
+# right (1-p)^B of the time (p = 0.4: 13%) while most programs pass some tests: the regime in which the paper's
+# soft reward should beat the all-or-nothing one.
+
+BRANCH_TEST_INPUTS = tuple(range(4, 12))  # 8 hidden tests, two per branch of four
+
+
+@dataclass(frozen=True)
+class BranchCodeProblem:
+    question: str
+    adds: tuple[int, ...]
+
+    def f(self, x: int) -> int:
+        return x + self.adds[x % len(self.adds)]
+
+    @property
+    def tests(self) -> list[dict]:
+        """Function-call tests in the format of klear_lib.rewards.code, every branch equally often."""
+        return [{"fn_name": "f", "args": [x], "expected": self.f(x)} for x in BRANCH_TEST_INPUTS]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def branch_code_problem(adds: tuple[int, ...]) -> BranchCodeProblem:
+    """The problem whose function adds ``adds[x % len(adds)]`` to ``x``; its examples are f(0) .. f(len(adds)-1)."""
+    adds = tuple(adds)
+    if not adds or not all(0 <= a <= 9 for a in adds) or len(BRANCH_TEST_INPUTS) % len(adds):
+        raise ValueError(f"adds must be digits, as many as divide the {len(BRANCH_TEST_INPUTS)} tests evenly; "
+                         f"got {adds!r}")
+    probe = BranchCodeProblem("", adds)
+    examples = ", ".join(f"f({x}) = {probe.f(x)}" for x in range(len(adds)))
+    return BranchCodeProblem(f"Write a Python function f with {examples}.", adds)
+
+
+def make_branch_code_splits(seed: int, n_train: int, n_heldout: int, branches: int = 4
+                            ) -> tuple[list[BranchCodeProblem], list[BranchCodeProblem]]:
+    """Train / held-out problems from one seed; a held-out function (its constants) never appears in train.
+    Held-out: ``n_heldout`` distinct functions; train: ``n_train`` draws from the others (repeats allowed)."""
+    space = 10 ** branches
+    if not 0 < n_heldout <= space // 2:
+        raise ValueError(f"n_heldout must be in 1..{space // 2} (half of the {space} functions), got {n_heldout}")
+    rng = random.Random(seed)
+    draw = lambda: tuple(rng.randint(0, 9) for _ in range(branches))
+    held = []
+    while len(held) < n_heldout:
+        adds = draw()
+        if adds not in held:
+            held.append(adds)
+    taken, train = set(held), []
+    while len(train) < n_train:
+        adds = draw()
+        if adds not in taken:
+            train.append(adds)
+    return [branch_code_problem(a) for a in train], [branch_code_problem(a) for a in held]
+
+
+def branch_code_solution(problem: BranchCodeProblem, rng: random.Random | None = None, *,
+                         error_rate: float = 0.0) -> str:
+    """The teacher's response: one line per branch reading its constant off the examples, then one ``python``
+    block. With ``error_rate`` > 0 each constant is wrong (another digit) with that probability, in the line and
+    in the program alike: the program fails that branch's tests only."""
+    rng = rng or random.Random(0)
+    adds = list(problem.adds)
+    for k in range(len(adds)):
+        if error_rate and rng.random() < error_rate:
+            adds[k] = (adds[k] + rng.randint(1, 9)) % 10
+    b = len(adds)
+    lines = [f"f({k}) = {problem.f(k)} so x % {b} == {k} adds {adds[k]}" for k in range(b)]
+    code = f"def f(x):\n    return x + [{', '.join(map(str, adds))}][x % {b}]\n"
+    return "<think>\n" + "\n".join(lines) + "\n</think>\n```python\n" + code + "```"
+
+
+def branch_code_corpus(problems: list[BranchCodeProblem]) -> list[str]:
+    rng = random.Random(0)
+    return [p.question for p in problems] + [branch_code_solution(p, rng, error_rate=0.3) for p in problems]
