@@ -227,7 +227,8 @@ df = plots.metrics_frame(run_path)
 
 # %%
 levels_ = sorted(c for c in df.columns if c.startswith("eval/avg_at_n_level"))
-fig = plots.plot_points(df, "variant", ["eval/avg_at_n", levels_[-1], "eval/format_rate", "teacher_correct"],
+fig = plots.plot_points(df.sort_values("k", kind="stable"), "variant",
+                        ["eval/avg_at_n", levels_[-1], "eval/format_rate", "teacher_correct"],
                         hue="condition", out=run_path / "figures" / "top_k.png", xlabel="sources mixed",
                         title=f"Top-K sources at a fixed budget of {budget} samples (dots: seeds)")
 table = plots.seed_summary(df, "eval/avg_at_n", by=["condition", "variant"])

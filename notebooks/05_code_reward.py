@@ -48,7 +48,7 @@ mini_batch_prompts = 2                         # ... per optimizer step: 4 updat
 oversample_factor = 2.0                        # prompts generated per rollout / rollout_prompts (Klear 2)
 max_gen_batches = 1
 num_generations = 8
-max_completion_length = 96                     # the teacher writes 79 tokens
+max_completion_length = 112                    # the teacher writes 91 tokens
 rl_lr = 5e-5
 eval_every = 2
 eval_n = 4
@@ -181,8 +181,8 @@ for (arm, seed), g in ev.groupby(["variant", "seed"]):
                     "final": g["eval/avg_at_n"].iloc[-1], "auc": claims.area_under_curve(g["rollout"], g["eval/avg_at_n"]),
                     "final_pass_rate": g["eval/pass_rate"].iloc[-1], "signal_own_filter": r[own].mean(),
                     "signal_dapo": r["klear/group_signal_dapo"].mean(), "signal_klear": r["klear/group_signal_klear"].mean(),
-                    "kept_frac": r["klear/kept_group_frac"].mean(), "steps": int(steps[(steps["variant"] == arm) &
-                                                                                       (steps["seed"] == seed)]["step"].max())})
+                    "kept_frac": r["klear/kept_group_frac"].mean(),
+                    "steps": int(((steps["variant"] == arm) & (steps["seed"] == seed)).sum())})
 per_run = pd.DataFrame(per_run)
 table = per_run.groupby("variant", sort=False)[["final", "auc", "final_pass_rate", "signal_own_filter", "signal_dapo",
                                                 "signal_klear", "kept_frac", "steps"]].agg(["mean", "std"])

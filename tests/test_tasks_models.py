@@ -231,7 +231,8 @@ def test_branch_code_teacher_errs_per_constant():
     p = tasks.branch_code_problem((7, 2, 5, 1))
     assert tasks.branch_code_solution(p).endswith("```python\ndef f(x):\n    return x + [7, 2, 5, 1][x % 4]\n```")
     rng = random.Random(0)
-    assert tasks.branch_code_solution(p).startswith("<think>\nf(0) - 0 = 7\nf(1) - 1 = 2\nf(2) - 2 = 5\nf(3) - 3 = 1\n")
+    assert tasks.branch_code_solution(p).startswith(
+        "<think>\nf(0) = 7 so c0 = 7\nf(1) = 3 so c1 = 2\nf(2) = 7 so c2 = 5\nf(3) = 4 so c3 = 1\n</think>\n")
     right = [all(line.endswith(f"= {c}") for c, line in zip(p.adds, tasks.branch_code_solution(p, rng, error_rate=0.4)
                                                                .split("\n")[1:5])) for _ in range(3000)]
     assert abs(sum(right) / len(right) - 0.6 ** 4) < 0.02  # fully right: 0.6^4 = 0.13

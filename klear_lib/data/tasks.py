@@ -386,7 +386,7 @@ def code_corpus(problems: list[CodeProblem]) -> list[str]:
 
 # -- program synthesis with more branches (notebook 05): full passes rare, partial credit common -------------------
 # f(x) = x + c[x mod B], one constant c_k in 0..9 per branch k (B = 4 by default), shown through the examples
-# f(0) .. f(B-1); the chain of thought reads each c_k off f(k) - k, one line per branch. Hidden tests cover every branch equally, so a
+# f(0) .. f(B-1); the chain of thought copies each example and reads c_k = f(k) - k off it, one line per branch. Hidden tests cover every branch equally, so a
 # program with j of B constants right passes j/B of them. With a per-branch error p the teacher's program is fully
 # right (1-p)^B of the time (p = 0.4: 13%) while most programs pass some tests: the regime in which the paper's
 # soft reward should beat the all-or-nothing one.
@@ -446,8 +446,8 @@ def make_branch_code_splits(seed: int, n_train: int, n_heldout: int, branches: i
 
 def branch_code_solution(problem: BranchCodeProblem, rng: random.Random | None = None, *,
                          error_rate: float = 0.0) -> str:
-    """The teacher's response: one line per branch reading its constant off the examples (``f(k) - k = c_k``),
-    then one ``python`` block. With ``error_rate`` > 0 each constant is wrong (another digit) with that probability, in the line and
+    """The teacher's response: one line per branch that copies the example and reads its constant off it
+    (``f(k) = v so ck = v - k``), then one ``python`` block. With ``error_rate`` > 0 each constant is wrong (another digit) with that probability, in the line and
     in the program alike: the program fails that branch's tests only."""
     rng = rng or random.Random(0)
     adds = list(problem.adds)
@@ -455,7 +455,7 @@ def branch_code_solution(problem: BranchCodeProblem, rng: random.Random | None =
         if error_rate and rng.random() < error_rate:
             adds[k] = (adds[k] + rng.randint(1, 9)) % 10
     b = len(adds)
-    lines = [f"f({k}) - {k} = {adds[k]}" for k in range(b)]
+    lines = [f"f({k}) = {problem.f(k)} so c{k} = {adds[k]}" for k in range(b)]
     code = f"def f(x):\n    return x + [{', '.join(map(str, adds))}][x % {b}]\n"
     return "<think>\n" + "\n".join(lines) + "\n</think>\n```python\n" + code + "```"
 
