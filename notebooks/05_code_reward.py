@@ -17,12 +17,11 @@
 # dropped with either reward: the soft reward then keeps only its finer advantages inside the groups the hard one
 # also keeps. The share of groups with a learning signal is logged per rollout under both rules in every arm.
 #
-# **The tiny stand-in, where full passes are rare.** From four examples f(0) .. f(3) the model writes
-# `f(x) = x + c[x % 4]`, one constant per branch read off the examples (`tasks.make_branch_code_splits`); the 8
-# hidden tests cover each branch twice, so a program with j of 4 constants right passes j/4 of them. The SFT teacher
-# gets each constant wrong with probability `sft_error_rate`, so that at the start (T 1.0, as rollouts sample) about
-# one program in eight passes every test while most pass some: the regime in which the paper's partial credit
-# should matter. (The first version's two-branch task started at 44% full passes: the hard reward had a signal in
+# **The tiny stand-in, where full passes are rare.** From four examples f(0) .. f(3) of a function of period 4 the
+# model writes the lookup program `f(x) = [c0, c1, c2, c3][x % 4]` (`tasks.make_branch_code_splits`); the 8 hidden
+# tests cover each branch twice, so a program with j of 4 values right passes j/4 of them. The SFT teacher gets each
+# value wrong with probability `sft_error_rate`, so that at the start (T 1.0, as rollouts sample) few programs pass
+# every test while most pass some: the regime in which the paper's partial credit should matter. (The first version's two-branch task started at 44% full passes: the hard reward had a signal in
 # nearly every group and the comparison could not separate the rewards.) Every program runs in the bubblewrap
 # sandbox (`klear_lib.rewards.sandbox`) through a process pool; a response is run once per unit (`MemoPool`).
 #
@@ -41,14 +40,14 @@ n_heldout = 32                                 # functions never seen in trainin
 sft_lr = 2e-3
 sft_epochs = 2.0
 sft_batch_size = 32
-sft_error_rate = 0.4                           # per constant: the teacher writes a fully right program 0.6^4, 13%, of the time
+sft_error_rate = 0.4                           # per value: the teacher writes a fully right program 0.6^4, 13%, of the time
 rollouts = 8
 rollout_prompts = 8                            # prompts trained on per rollout (Klear 128) ...
 mini_batch_prompts = 2                         # ... per optimizer step: 4 updates per rollout
 oversample_factor = 2.0                        # prompts generated per rollout / rollout_prompts (Klear 2)
 max_gen_batches = 1
 num_generations = 8
-max_completion_length = 112                    # the teacher writes 91 tokens
+max_completion_length = 96                     # the teacher writes 77 tokens
 rl_lr = 5e-5
 eval_every = 2
 eval_n = 4
@@ -246,7 +245,7 @@ notebook.write_summary(run_path, summary)
 #
 # *Evaluation temperature.* T 1.0, the rollouts' own: the design figure (full passes rare at the start) and the
 # read-out are about the policy that generates the training signal. At the paper's T 0.6 a model whose most likely
-# constant is right for most branches passes far more often, before and after RL.
+# value is right for most branches passes far more often, before and after RL.
 # Dated results of the `tiny` preset are in `docs/results.md`.
 
 # %%

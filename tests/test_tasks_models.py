@@ -213,28 +213,26 @@ def test_fork_probe_is_the_next_token_probability_of_the_right_and_wrong_digit()
 # -- the branch program-synthesis task (notebook 05) --------------------------------------------------------------
 def test_branch_code_problem_hand_computed_and_splits_hold_out_whole_functions():
     p = tasks.branch_code_problem((7, 2, 5, 1))
-    # f(0) = 0 + 7, f(1) = 1 + 2, f(2) = 2 + 5, f(3) = 3 + 1
-    assert p.question == "Write a Python function f with f(0) = 7, f(1) = 3, f(2) = 7, f(3) = 4."
-    # inputs 4..11: 4 % 4 = 0 -> 4 + 7 = 11, 5 -> 7, 6 -> 11, 7 -> 8, then again +7, +2, +5, +1
-    assert [t["expected"] for t in p.tests] == [11, 7, 11, 8, 15, 11, 15, 12]
+    assert p.question == "Write a Python function f of period 4 with f(0) = 7, f(1) = 2, f(2) = 5, f(3) = 1."
+    # inputs 4..11 take branches 0, 1, 2, 3, 0, 1, 2, 3
+    assert [t["expected"] for t in p.tests] == [7, 2, 5, 1, 7, 2, 5, 1]
     assert sorted(x % 4 for x in tasks.BRANCH_TEST_INPUTS) == [0, 0, 1, 1, 2, 2, 3, 3]  # every branch twice
     train, held = tasks.make_branch_code_splits(3, 500, 20)
-    assert len({q.adds for q in held}) == 20 and not {q.adds for q in held} & {q.adds for q in train}
+    assert len({q.values for q in held}) == 20 and not {q.values for q in held} & {q.values for q in train}
     assert tasks.make_branch_code_splits(3, 500, 20) == (train, held)
-    with pytest.raises(ValueError, match="adds must be digits"):
+    with pytest.raises(ValueError, match="values must be digits"):
         tasks.branch_code_problem((1, 2, 3))  # 8 tests do not split over 3 branches
     with pytest.raises(ValueError, match="n_heldout"):
         tasks.make_branch_code_splits(0, 1, 60, branches=2)  # 100 functions: at most 50 held out
 
 
-def test_branch_code_teacher_errs_per_constant():
+def test_branch_code_teacher_errs_per_value():
     p = tasks.branch_code_problem((7, 2, 5, 1))
-    assert tasks.branch_code_solution(p).endswith("```python\ndef f(x):\n    return x + [7, 2, 5, 1][x % 4]\n```")
+    assert tasks.branch_code_solution(p) == ("<think>\nx % 4 == 0: 7\nx % 4 == 1: 2\nx % 4 == 2: 5\nx % 4 == 3: 1\n"
+                                             "</think>\n```python\ndef f(x):\n    return [7, 2, 5, 1][x % 4]\n```")
     rng = random.Random(0)
-    assert tasks.branch_code_solution(p).startswith(
-        "<think>\nf(0) = 7 so c0 = 7\nf(1) = 3 so c1 = 2\nf(2) = 7 so c2 = 5\nf(3) = 4 so c3 = 1\n</think>\n")
-    right = [all(line.endswith(f"= {c}") for c, line in zip(p.adds, tasks.branch_code_solution(p, rng, error_rate=0.4)
-                                                               .split("\n")[1:5])) for _ in range(3000)]
+    right = [tasks.branch_code_solution(p, rng, error_rate=0.4).endswith("[7, 2, 5, 1][x % 4]\n```")
+             for _ in range(3000)]
     assert abs(sum(right) / len(right) - 0.6 ** 4) < 0.02  # fully right: 0.6^4 = 0.13
 
 

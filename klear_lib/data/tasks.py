@@ -385,11 +385,13 @@ def code_corpus(problems: list[CodeProblem]) -> list[str]:
 
 
 # -- program synthesis with more branches (notebook 05): full passes rare, partial credit common -------------------
-# f(x) = x + c[x mod B], one constant c_k in 0..9 per branch k (B = 4 by default), shown through the examples
-# f(0) .. f(B-1); the chain of thought copies each example and reads c_k = f(k) - k off it, one line per branch. Hidden tests cover every branch equally, so a
-# program with j of B constants right passes j/B of them. With a per-branch error p the teacher's program is fully
-# right (1-p)^B of the time (p = 0.4: 13%) while most programs pass some tests: the regime in which the paper's
-# soft reward should beat the all-or-nothing one.
+# A lookup program: f(x) = c[x mod B], one value c_k in 0..9 per branch k (B = 4 by default), shown through the
+# examples f(0) .. f(B-1); the chain of thought writes the value of each branch, the program the list of them.
+# Hidden tests cover every branch equally, so a program with j of B values right passes j/B of them. With a
+# per-branch error p the teacher's program is fully right (1-p)^B of the time (p = 0.4: 13%) while most programs
+# pass some tests: the regime in which the paper's soft reward should beat the all-or-nothing one. (A first try,
+# f(x) = x + c[x mod 4] with c read off f(k) - k, was not learned in 250 SFT steps: 1% of programs passed every
+# test, and per branch 35% were right where the teacher was right 60% of the time.)
 
 BRANCH_TEST_INPUTS = tuple(range(4, 12))  # 8 hidden tests, two per branch of four
 
@@ -397,10 +399,10 @@ BRANCH_TEST_INPUTS = tuple(range(4, 12))  # 8 hidden tests, two per branch of fo
 @dataclass(frozen=True)
 class BranchCodeProblem:
     question: str
-    adds: tuple[int, ...]
+    values: tuple[int, ...]
 
     def f(self, x: int) -> int:
-        return x + self.adds[x % len(self.adds)]
+        return self.values[x % len(self.values)]
 
     @property
     def tests(self) -> list[dict]:
@@ -411,20 +413,19 @@ class BranchCodeProblem:
         return asdict(self)
 
 
-def branch_code_problem(adds: tuple[int, ...]) -> BranchCodeProblem:
-    """The problem whose function adds ``adds[x % len(adds)]`` to ``x``; its examples are f(0) .. f(len(adds)-1)."""
-    adds = tuple(adds)
-    if not adds or not all(0 <= a <= 9 for a in adds) or len(BRANCH_TEST_INPUTS) % len(adds):
-        raise ValueError(f"adds must be digits, as many as divide the {len(BRANCH_TEST_INPUTS)} tests evenly; "
-                         f"got {adds!r}")
-    probe = BranchCodeProblem("", adds)
-    examples = ", ".join(f"f({x}) = {probe.f(x)}" for x in range(len(adds)))
-    return BranchCodeProblem(f"Write a Python function f with {examples}.", adds)
+def branch_code_problem(values: tuple[int, ...]) -> BranchCodeProblem:
+    """The problem whose function returns ``values[x % len(values)]``; its examples are f(0) .. f(len(values)-1)."""
+    values = tuple(values)
+    if not values or not all(0 <= v <= 9 for v in values) or len(BRANCH_TEST_INPUTS) % len(values):
+        raise ValueError(f"values must be digits, as many as divide the {len(BRANCH_TEST_INPUTS)} tests evenly; "
+                         f"got {values!r}")
+    examples = ", ".join(f"f({x}) = {v}" for x, v in enumerate(values))
+    return BranchCodeProblem(f"Write a Python function f of period {len(values)} with {examples}.", values)
 
 
 def make_branch_code_splits(seed: int, n_train: int, n_heldout: int, branches: int = 4
                             ) -> tuple[list[BranchCodeProblem], list[BranchCodeProblem]]:
-    """Train / held-out problems from one seed; a held-out function (its constants) never appears in train.
+    """Train / held-out problems from one seed; a held-out function (its values) never appears in train.
     Held-out: ``n_heldout`` distinct functions; train: ``n_train`` draws from the others (repeats allowed)."""
     space = 10 ** branches
     if not 0 < n_heldout <= space // 2:
@@ -433,30 +434,30 @@ def make_branch_code_splits(seed: int, n_train: int, n_heldout: int, branches: i
     draw = lambda: tuple(rng.randint(0, 9) for _ in range(branches))
     held = []
     while len(held) < n_heldout:
-        adds = draw()
-        if adds not in held:
-            held.append(adds)
+        values = draw()
+        if values not in held:
+            held.append(values)
     taken, train = set(held), []
     while len(train) < n_train:
-        adds = draw()
-        if adds not in taken:
-            train.append(adds)
-    return [branch_code_problem(a) for a in train], [branch_code_problem(a) for a in held]
+        values = draw()
+        if values not in taken:
+            train.append(values)
+    return [branch_code_problem(v) for v in train], [branch_code_problem(v) for v in held]
 
 
 def branch_code_solution(problem: BranchCodeProblem, rng: random.Random | None = None, *,
                          error_rate: float = 0.0) -> str:
-    """The teacher's response: one line per branch that copies the example and reads its constant off it
-    (``f(k) = v so ck = v - k``), then one ``python`` block. With ``error_rate`` > 0 each constant is wrong (another digit) with that probability, in the line and
-    in the program alike: the program fails that branch's tests only."""
+    """The teacher's response: one line per branch with its value, then one ``python`` block. With
+    ``error_rate`` > 0 each value is wrong (another digit) with that probability, in the line and in the program
+    alike: the program fails that branch's tests only."""
     rng = rng or random.Random(0)
-    adds = list(problem.adds)
-    for k in range(len(adds)):
+    values = list(problem.values)
+    for k in range(len(values)):
         if error_rate and rng.random() < error_rate:
-            adds[k] = (adds[k] + rng.randint(1, 9)) % 10
-    b = len(adds)
-    lines = [f"f({k}) = {problem.f(k)} so c{k} = {adds[k]}" for k in range(b)]
-    code = f"def f(x):\n    return x + [{', '.join(map(str, adds))}][x % {b}]\n"
+            values[k] = (values[k] + rng.randint(1, 9)) % 10
+    b = len(values)
+    lines = [f"x % {b} == {k}: {v}" for k, v in enumerate(values)]
+    code = f"def f(x):\n    return [{', '.join(map(str, values))}][x % {b}]\n"
     return "<think>\n" + "\n".join(lines) + "\n</think>\n```python\n" + code + "```"
 
 
