@@ -18,7 +18,7 @@
 # also keeps. The share of groups with a learning signal is logged per rollout under both rules in every arm.
 #
 # **The tiny stand-in, where full passes are rare.** From four examples f(0) .. f(3) of a function of period 4 the
-# model writes the lookup program `f(x) = [c0, c1, c2, c3][x % 4]` (`tasks.make_branch_code_splits`); the 8 hidden
+# model writes the lookup program `f(x) = {0: c0, 1: c1, 2: c2, 3: c3}[x % 4]` (`tasks.make_branch_code_splits`); the 8 hidden
 # tests cover each branch twice, so a program with j of 4 values right passes j/4 of them. The SFT teacher gets each
 # value wrong with probability `sft_error_rate`, so that at the start (T 1.0, as rollouts sample) few programs pass
 # every test while most pass some: the regime in which the paper's partial credit should matter. (The first version's two-branch task started at 44% full passes: the hard reward had a signal in
@@ -35,11 +35,11 @@ filter_rules = "dapo,klear"
 seeds = "0,1,2"
 branches = 4
 model = "tiny"
-n_train = 3000
+n_train = 4000
 n_heldout = 32                                 # functions never seen in training
 sft_lr = 2e-3
 sft_epochs = 2.0
-sft_batch_size = 32
+sft_batch_size = 16                             # 500 SFT steps: the lookup is learned past 250
 sft_error_rate = 0.4                           # per value: the teacher writes a fully right program 0.6^4, 13%, of the time
 rollouts = 8
 rollout_prompts = 8                            # prompts trained on per rollout (Klear 128) ...

@@ -228,10 +228,10 @@ def test_branch_code_problem_hand_computed_and_splits_hold_out_whole_functions()
 
 def test_branch_code_teacher_errs_per_value():
     p = tasks.branch_code_problem((7, 2, 5, 1))
-    assert tasks.branch_code_solution(p) == ("<think>\nx % 4 == 0: 7\nx % 4 == 1: 2\nx % 4 == 2: 5\nx % 4 == 3: 1\n"
-                                             "</think>\n```python\ndef f(x):\n    return [7, 2, 5, 1][x % 4]\n```")
+    assert tasks.branch_code_solution(p) == ("<think>\nf(0) = 7\nf(1) = 2\nf(2) = 5\nf(3) = 1\n</think>\n```python\n"
+                                             "def f(x):\n    return {0: 7, 1: 2, 2: 5, 3: 1}[x % 4]\n```")
     rng = random.Random(0)
-    right = [tasks.branch_code_solution(p, rng, error_rate=0.4).endswith("[7, 2, 5, 1][x % 4]\n```")
+    right = [tasks.branch_code_solution(p, rng, error_rate=0.4).endswith("{0: 7, 1: 2, 2: 5, 3: 1}[x % 4]\n```")
              for _ in range(3000)]
     assert abs(sum(right) / len(right) - 0.6 ** 4) < 0.02  # fully right: 0.6^4 = 0.13
 
@@ -243,7 +243,7 @@ def test_branch_programs_in_the_sandbox_earn_partial_credit_per_branch():
     p = tasks.branch_code_problem((7, 2, 5, 1))
     good = tasks.branch_code_solution(p)
     assert score_code(good, p.tests, mode="soft").score == 1.0
-    one_wrong = good.replace("[7, 2, 5, 1]", "[7, 2, 6, 1]")
+    one_wrong = good.replace("2: 5", "2: 6")
     res = score_code(one_wrong, p.tests, mode="soft")
     assert (res.passed, res.total, res.score, res.reason) == (6, 8, 0.75, "some_passed")
     assert score_code(one_wrong, p.tests, mode="hard").score == 0.0

@@ -386,7 +386,7 @@ def code_corpus(problems: list[CodeProblem]) -> list[str]:
 
 # -- program synthesis with more branches (notebook 05): full passes rare, partial credit common -------------------
 # A lookup program: f(x) = c[x mod B], one value c_k in 0..9 per branch k (B = 4 by default), shown through the
-# examples f(0) .. f(B-1); the chain of thought writes the value of each branch, the program the list of them.
+# examples f(0) .. f(B-1); the chain of thought writes each example again, the program a table {k: c_k}.
 # Hidden tests cover every branch equally, so a program with j of B values right passes j/B of them. With a
 # per-branch error p the teacher's program is fully right (1-p)^B of the time (p = 0.4: 13%) while most programs
 # pass some tests: the regime in which the paper's soft reward should beat the all-or-nothing one. (A first try,
@@ -456,8 +456,9 @@ def branch_code_solution(problem: BranchCodeProblem, rng: random.Random | None =
         if error_rate and rng.random() < error_rate:
             values[k] = (values[k] + rng.randint(1, 9)) % 10
     b = len(values)
-    lines = [f"x % {b} == {k}: {v}" for k, v in enumerate(values)]
-    code = f"def f(x):\n    return [{', '.join(map(str, values))}][x % {b}]\n"
+    lines = [f"f({k}) = {v}" for k, v in enumerate(values)]
+    table = ", ".join(f"{k}: {v}" for k, v in enumerate(values))
+    code = f"def f(x):\n    return {{{table}}}[x % {b}]\n"
     return "<think>\n" + "\n".join(lines) + "\n</think>\n```python\n" + code + "```"
 
 
