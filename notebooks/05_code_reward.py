@@ -49,7 +49,7 @@ max_gen_batches = 1
 num_generations = 8
 max_completion_length = 96                     # the teacher writes 77 tokens
 rl_lr = 5e-5
-eval_every = 2
+eval_every = 4                                 # rollouts between held-out evaluations: start, middle, end
 eval_n = 4
 eval_temperature = 1.0                         # the rollouts' temperature; see "Evaluation temperature"
 reward_workers = 1                             # sandbox processes per unit
@@ -205,9 +205,10 @@ display(pd.DataFrame(claim_list)[["id", "effect", "ci_low", "ci_high", "seeds", 
 first = rollouts_df[rollouts_df["rollout"] == 1]
 start_full = float(first["klear/full_pass_frac"].mean())
 start_partial = float(first["klear/partial_pass_frac"].mean())
-print(f"first rollout (all arms, T {base.temperature:g}): {start_full:.3f} of programs pass every test, "
-      f"{start_partial:.3f} some; groups with a signal: DAPO's rule {first['klear/group_signal_dapo'].mean():.3f}, "
-      f"Klear's {first['klear/group_signal_klear'].mean():.3f}")
+first_signal = {a: float(g["klear/group_signal_" + ARMS[a]["filter_rule"]].mean()) for a, g in first.groupby("variant")}
+print(f"first rollout (T {base.temperature:g}, the same programs in every arm): {start_full:.3f} of programs pass every "
+      f"test, {start_partial:.3f} some; groups with a signal under the arm's filter: "
+      + ", ".join(f"{a} {v:.2f}" for a, v in first_signal.items()))
 
 # %% [markdown]
 # ## Beside the paper
@@ -218,8 +219,7 @@ means = per_run.groupby("variant", sort=False).mean(numeric_only=True)
 summary = {
     "sft_start": start, "teacher_full_pass": teacher_full,
     "first_rollout": {"full_pass_frac": start_full, "partial_pass_frac": start_partial,
-                      "group_signal_dapo": float(first["klear/group_signal_dapo"].mean()),
-                      "group_signal_klear": float(first["klear/group_signal_klear"].mean())},
+                      "group_signal_own_filter": first_signal},
     "per_run": per_run.to_dict(orient="records"),
     "figures": ["figures/code_reward.png"],
     "claims": claim_list,
