@@ -17,13 +17,15 @@
 # dropped with either reward: the soft reward then keeps only its finer advantages inside the groups the hard one
 # also keeps. The share of groups with a learning signal is logged per rollout under both rules in every arm.
 #
-# **The tiny stand-in, where full passes are rare.** From four examples f(0) .. f(3) of a function of period 4 the
-# model writes the lookup program `f(x) = {0: c0, 1: c1, 2: c2, 3: c3}[x % 4]` (`tasks.make_branch_code_splits`); the 8 hidden
-# tests cover each branch twice, so a program with j of 4 values right passes j/4 of them. The SFT teacher gets each
-# value wrong with probability `sft_error_rate`, so that at the start (T 1.0, as rollouts sample) few programs pass
-# every test while most pass some: the regime in which the paper's partial credit should matter. (The first version's two-branch task started at 44% full passes: the hard reward had a signal in
-# nearly every group and the comparison could not separate the rewards.) Every program runs in the bubblewrap
-# sandbox (`klear_lib.rewards.sandbox`) through a process pool; a response is run once per unit (`MemoPool`).
+# **The tiny stand-in, where full passes are rare.** From four examples f(0) .. f(3) of a function of period 4, the
+# model copies the examples into its chain of thought and writes the lookup program
+# `f(x) = {0: c0, 1: c1, 2: c2, 3: c3}[x % 4]` (`tasks.make_branch_code_splits`). The hidden tests are f(4) .. f(7),
+# one per branch, so a program with j of 4 values right passes j/4 of them. The SFT teacher gets each value wrong
+# with probability `sft_error_rate`, so that at the start (T 1.0, as rollouts sample) about one program in eight
+# passes every test while most pass some: the regime in which the paper's partial credit should matter. (The first
+# version's two-branch task started at 44% full passes: the hard reward had a signal in nearly every group.) Every
+# program runs in the bubblewrap sandbox (`klear_lib.rewards.sandbox`) through a process pool; a response is run
+# once per unit (`MemoPool`).
 #
 # What it cannot show: the paper's numbers, long programs, real test suites, 100 steps at 16K tokens.
 

@@ -214,14 +214,14 @@ def test_fork_probe_is_the_next_token_probability_of_the_right_and_wrong_digit()
 def test_branch_code_problem_hand_computed_and_splits_hold_out_whole_functions():
     p = tasks.branch_code_problem((7, 2, 5, 1))
     assert p.question == "Write a Python function f of period 4 with f(0) = 7, f(1) = 2, f(2) = 5, f(3) = 1."
-    # inputs 4..11 take branches 0, 1, 2, 3, 0, 1, 2, 3
-    assert [t["expected"] for t in p.tests] == [7, 2, 5, 1, 7, 2, 5, 1]
-    assert sorted(x % 4 for x in tasks.BRANCH_TEST_INPUTS) == [0, 0, 1, 1, 2, 2, 3, 3]  # every branch twice
+    # inputs 4..7 take branches 0, 1, 2, 3
+    assert [t["expected"] for t in p.tests] == [7, 2, 5, 1]
+    assert sorted(x % 4 for x in tasks.BRANCH_TEST_INPUTS) == [0, 1, 2, 3]  # every branch once
     train, held = tasks.make_branch_code_splits(3, 500, 20)
     assert len({q.values for q in held}) == 20 and not {q.values for q in held} & {q.values for q in train}
     assert tasks.make_branch_code_splits(3, 500, 20) == (train, held)
     with pytest.raises(ValueError, match="values must be digits"):
-        tasks.branch_code_problem((1, 2, 3))  # 8 tests do not split over 3 branches
+        tasks.branch_code_problem((1, 2, 3))  # 4 tests do not split over 3 branches
     with pytest.raises(ValueError, match="n_heldout"):
         tasks.make_branch_code_splits(0, 1, 60, branches=2)  # 100 functions: at most 50 held out
 
@@ -245,7 +245,7 @@ def test_branch_programs_in_the_sandbox_earn_partial_credit_per_branch():
     assert score_code(good, p.tests, mode="soft").score == 1.0
     one_wrong = good.replace("2: 5", "2: 6")
     res = score_code(one_wrong, p.tests, mode="soft")
-    assert (res.passed, res.total, res.score, res.reason) == (6, 8, 0.75, "some_passed")
+    assert (res.passed, res.total, res.score, res.reason) == (3, 4, 0.75, "some_passed")
     assert score_code(one_wrong, p.tests, mode="hard").score == 0.0
     one_branch = tasks.branch_code_problem((4,))
     assert score_code(tasks.branch_code_solution(one_branch), one_branch.tests, mode="hard").score == 1.0

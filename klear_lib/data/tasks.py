@@ -389,11 +389,12 @@ def code_corpus(problems: list[CodeProblem]) -> list[str]:
 # examples f(0) .. f(B-1); the chain of thought writes each example again, the program a table {k: c_k}.
 # Hidden tests cover every branch equally, so a program with j of B values right passes j/B of them. With a
 # per-branch error p the teacher's program is fully right (1-p)^B of the time (p = 0.4: 13%) while most programs
-# pass some tests: the regime in which the paper's soft reward should beat the all-or-nothing one. (A first try,
-# f(x) = x + c[x mod 4] with c read off f(k) - k, was not learned in 250 SFT steps: 1% of programs passed every
-# test, and per branch 35% were right where the teacher was right 60% of the time.)
+# pass some tests: the regime in which the paper's soft reward should beat the all-or-nothing one. (Two first tries
+# were not learned in 250 SFT steps: f(x) = x + c[x mod 4] with c read off f(k) - k, 1% of programs passing every
+# test; the lookup after lines `x % 4 == k: c` that do not repeat the examples, 30% of branches right where the
+# teacher was right on 60%. Copying `f(k) = c` into the chain first, and 500 steps, made it learnable.)
 
-BRANCH_TEST_INPUTS = tuple(range(4, 12))  # 8 hidden tests, two per branch of four
+BRANCH_TEST_INPUTS = tuple(range(4, 8))  # 4 hidden tests, one per branch of four (a second per branch adds nothing)
 
 
 @dataclass(frozen=True)
