@@ -103,6 +103,29 @@ GLOSSARY.update({
                        "tests passed (code task)"),
     "eval/all_pass": ("held-out all-tests accuracy", "mean over held-out programs and samples of [every test "
                       "passes] (code task)"),
+    # -- the code task (notebook 05; klear_lib.train.code_jobs.group_signal, per rollout over its generated groups)
+    "klear/group_signal_dapo": ("groups with signal, DAPO's rule", "share of generated groups whose rewards are not "
+                                "all equal (a non-zero GRPO advantage; what DAPO's filter keeps), uncapped"),
+    "klear/group_signal_klear": ("groups with signal, Klear's rule", "share of generated groups whose all-tests "
+                                 "indicator is not all equal (what Klear's filter keeps), uncapped"),
+    "klear/full_pass_frac": ("share passing every test (rollout)", "share of generated completions whose program "
+                             "passes every test"),
+    "klear/partial_pass_frac": ("share passing some tests (rollout)", "share of generated completions whose program "
+                                "passes at least one test but not all"),
+    # -- one record per SFT unit (notebooks 01, 02; klear_lib.train.sft_jobs.sft_unit) ---------------------------
+    "samples": ("SFT samples", "samples the unit fine-tuned on (one epoch: samples / batch size optimizer steps)"),
+    "distinct_prompts": ("distinct prompts", "distinct questions among the unit's SFT samples"),
+    "teacher_correct": ("correct share of the SFT data", "share of the unit's SFT samples whose answer is right"),
+    "level_*": ("SFT samples of a level", "the unit's SFT samples of that level"),
+    "stage": ("stage", "score (a source's quality score) or top_k (an arm), a tag"),
+    "condition": ("condition", "the source pool: styles (matched quality) or defects (a tag)"),
+    "source": ("source", "the source a scoring unit trained on (a tag)"),
+    "sources": ("sources mixed", "the Top-K sources of an arm, best first (a tag)"),
+    "k": ("K", "how many sources an arm mixes (a tag)"),
+    "subset": ("training subset", "easy, hard or all problems, by the teacher's measured pass rate (a tag)"),
+    "mode": ("correctness mode", "only_true, only_true_matched (upsampled to mixed's count) or mixed (a tag)"),
+    "reward_mode": ("code reward", "soft (share of tests passed), hard (all or nothing) or signed (a tag)"),
+    "filter_rule": ("group filter", "klear (the all-tests indicator varies) or dapo (the rewards vary) (a tag)"),
     # -- tags that every record of a unit carries -----------------------------------------------------------------
     "variant": ("arm", "the arm of the ablation (a tag)"),
     "seed": ("seed", "the run's seed (a tag)"),

@@ -368,3 +368,41 @@ def test_batches_from_several_threads_each_get_their_own_results(pool):
                    for t in range(8)]
         for t, fut in enumerate(futures):
             assert [r.score for r in fut.result()] == [float(10 * t + i) for i in range(5)]
+
+
+# -- MemoPool: each distinct item judged once -------------------------------------------------------------------
+class _CountingPool:
+    """A stand-in pool: score = len(response), reason 'timeout' for responses starting with 't'."""
+
+    def __init__(self):
+        self.batches = []
+
+    def score_batch(self, items):
+        self.batches.append([dict(it) for it in items])
+        return [RewardResult(float(len(it["response"])), "timeout" if it["response"].startswith("t") else "ok")
+                for it in items]
+
+
+def test_memo_pool_judges_each_distinct_item_once_and_keeps_order():
+    from klear_lib.rewards.pool import MemoPool
+
+    inner = _CountingPool()
+    memo = MemoPool(inner)
+    items = [{"response": "ab", "tests": [1]}, {"response": "abc", "tests": [1]}, {"tests": [1], "response": "ab"}]
+    assert [r.score for r in memo.score_batch(items)] == [2.0, 3.0, 2.0]
+    assert inner.batches == [[{"response": "ab", "tests": [1]}, {"response": "abc", "tests": [1]}]]  # dedup in batch
+    assert [r.score for r in memo.score_batch([{"response": "abc", "tests": [1]}, {"response": "ab", "tests": [2]}])] \
+        == [3.0, 2.0]
+    assert inner.batches[-1] == [{"response": "ab", "tests": [2]}]  # other tests: another item
+    assert (memo.judged, memo.hits) == (3, 2)
+
+
+def test_memo_pool_does_not_keep_load_dependent_failures():
+    from klear_lib.rewards.pool import MemoPool
+
+    inner = _CountingPool()
+    memo = MemoPool(inner)
+    memo.score_batch([{"response": "tx"}])
+    memo.score_batch([{"response": "tx"}])  # a timeout is judged again, never served from the memo
+    assert len(inner.batches) == 2 and memo.judged == 2 and memo.hits == 0
+    assert memo.score_batch([]) == [] and len(inner.batches) == 2  # nothing to judge: the pool is not called

@@ -365,3 +365,20 @@ def test_pipeline_composes():
     pool = list(itertools.compress(texts, keep))
     sel = k_center_greedy(hashed_ngram_embedding(pool), 5)
     assert len(set(sel)) == 5 and sel[0] == 0
+
+
+def test_upsample_repeats_every_sample_and_draws_the_rest_once():
+    from klear_lib.data.selection import upsample
+
+    samples = ["a", "b", "c"]
+    out = upsample(samples, 8, seed=0)  # 8 = 2 * 3 + 2: every sample twice, two of them a third time
+    assert len(out) == 8 and sorted(set(out)) == samples
+    counts = sorted(out.count(x) for x in samples)
+    assert counts == [2, 3, 3]
+    assert out == sorted(out, key=samples.index)  # input order kept
+    assert upsample(samples, 8, seed=0) == out and upsample(samples, 3, seed=5) == samples
+    assert upsample([], 0, seed=0) == []
+    with pytest.raises(ValueError, match="n must be an int >= len"):
+        upsample(samples, 2, seed=0)
+    with pytest.raises(ValueError, match="no samples"):
+        upsample([], 4, seed=0)

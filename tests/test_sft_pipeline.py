@@ -42,10 +42,11 @@ def test_prepare_pool_on_real_schemas(hub_sources):
     refs = [p.problem for p in hub.load_eval_problems(paths["aime"], cache_dir=cache)]
     pool, report = pipeline.prepare_pool(by_source, refs)
     rep = {r["source"]: r for r in report}
+    # openr1's verdicts: True, False (row 0), True (contaminated), True (duplicate): 3 of 4 right, 1 of 2 kept
     assert rep["openr1"] == {"source": "openr1", "samples": 4, "contaminated": 1, "duplicates": 1, "kept": 2,
-                             "teacher_correct": 0.5}
+                             "teacher_correct": 0.75, "kept_correct": 0.5, "expected_correct": None}
     assert rep["chat"] == {"source": "chat", "samples": 2, "contaminated": 0, "duplicates": 0, "kept": 2,
-                           "teacher_correct": None}
+                           "teacher_correct": None, "kept_correct": None, "expected_correct": None}
     # the same problem answered by two sources is two samples: de-duplication is per source
     assert sum(s["prompt"] == "What is 1 + 1?" for s in pool) == 3
     assert all(s["source"] in ("openr1", "chat") for s in pool)
@@ -54,6 +55,42 @@ def test_prepare_pool_on_real_schemas(hub_sources):
     rows = sft.chat_rows(pool)
     assert rows[0] == {"prompt": [{"role": "user", "content": "What is 1 + 1?"}],
                        "completion": [{"role": "assistant", "content": "<think>1+1=2</think> \\boxed{2}"}]}
+
+
+def test_dedup_by_prompt_keeps_the_first_response_of_each_prompt():
+    # a deterministic teacher: identical right answers, distinct wrong ones (level 1 right 3 of 4, level 2 1 of 2)
+    raw = [{"prompt": "q1", "response": "right", "verdict": True, "level": 1},
+           {"prompt": "q1", "response": "right", "verdict": True, "level": 1},
+           {"prompt": "q1", "response": "wrong a", "verdict": False, "level": 1},
+           {"prompt": "q1", "response": "right", "verdict": True, "level": 1},
+           {"prompt": "q2", "response": "wrong b", "verdict": False, "level": 2},
+           {"prompt": "q2", "response": "right 2", "verdict": True, "level": 2}]
+    _, (by_response,) = pipeline.prepare_pool({"s": raw}, [], dedup="response")
+    pool, (by_prompt,) = pipeline.prepare_pool({"s": raw}, [], dedup="prompt")
+    _, (none,) = pipeline.prepare_pool({"s": raw}, [], dedup=None)
+    # exact dedup keeps right, wrong a (level 1), wrong b, right 2 (level 2): 2 of 4 right where the teacher is
+    # 4 of 6 right; the teacher's accuracy at the kept levels: (2 * 0.75 + 2 * 0.5) / 4 = 0.625
+    assert (by_response["kept"], by_response["kept_correct"]) == (4, 0.5)
+    assert by_response["teacher_correct"] == pytest.approx(4 / 6)
+    assert by_response["expected_correct"] == pytest.approx(0.625)
+    # by prompt: the first response of q1 (right) and of q2 (wrong b)
+    assert [s["response"] for s in pool] == ["right", "wrong b"]
+    assert (by_prompt["kept"], by_prompt["duplicates"], by_prompt["kept_correct"]) == (2, 4, 0.5)
+    assert by_prompt["expected_correct"] == pytest.approx((0.75 + 0.5) / 2)
+    assert (none["kept"], none["kept_correct"]) == (6, pytest.approx(4 / 6))
+    with pytest.raises(ValueError, match="dedup must be one of"):
+        pipeline.prepare_pool({"s": raw}, [], dedup="exact")
+
+
+def test_dedup_by_prompt_keeps_a_synthetic_teachers_accuracy():
+    """The defect the issue found: exact dedup on a careful deterministic teacher enriches errors; by prompt the
+    kept share of correct responses is the teacher's accuracy at the kept levels (within sampling noise)."""
+    train, _ = tasks.make_splits(0, 3000, 0)
+    raw = {"clean": teachers.source_samples(teachers.SOURCES["clean"], train, 3000, seed=0)}
+    _, (exact,) = pipeline.prepare_pool(raw, [], dedup="response")
+    _, (by_prompt,) = pipeline.prepare_pool(raw, [], dedup="prompt")
+    assert exact["kept_correct"] < exact["expected_correct"] - 0.1
+    assert abs(by_prompt["kept_correct"] - by_prompt["expected_correct"]) < 0.03
 
 
 def test_prepare_pool_rejects_samples_without_text():

@@ -67,6 +67,32 @@ def test_splits_are_fixed_by_the_seed_and_disjoint():
     assert c_held == a_held
 
 
+def test_fair_quotas_hand_computed():
+    assert tasks.fair_quotas(128, [15, 45, 135, 1215]) == [15, 38, 38, 37]  # 113 = 38 + 38 + 37 after level 1
+    assert tasks.fair_quotas(6, [9, 9, 9, 9]) == [2, 2, 1, 1]
+    assert tasks.fair_quotas(0, [3, 0]) == [0, 0]
+    assert tasks.fair_quotas(5, [0, 5]) == [0, 5]
+    with pytest.raises(ValueError, match="does not fit"):
+        tasks.fair_quotas(4, [1, 2])
+
+
+def test_splits_have_level_quotas_and_every_level_keeps_training_questions():
+    """Pinned per-level counts of both splits (the notebooks' default split: data_seed 1234, 6,000 / 128)."""
+    train, held = tasks.make_splits(1234, 6000, 128)
+    count = lambda ps: {lvl: sum(p.level == lvl for p in ps) for lvl in tasks.LEVELS}
+    assert count(held) == {1: 15, 2: 38, 3: 38, 4: 37}  # level 1: half of its 30 questions, never all
+    assert count(train) == {1: 1500, 2: 1500, 3: 1500, 4: 1500}
+    assert len({p.question for p in held}) == 128
+    assert not {p.question for p in held} & {p.question for p in train}
+    assert len({p.question for p in train if p.level == 1}) == 15  # every level-1 question not held out
+    assert {p.level for p in train[:40]} == set(tasks.LEVELS)  # shuffled: a prefix mixes the levels
+    # notebook 01's validation + test draw (192) and odd sizes: remainders go to the first levels
+    _, held = tasks.make_splits(1234, 0, 192)
+    assert count(held) == {1: 15, 2: 45, 3: 66, 4: 66}  # level 2 holds out half of its 90
+    train, held = tasks.make_splits(0, 10, 7, levels=(2, 4))
+    assert count(held) == {1: 0, 2: 4, 3: 0, 4: 3} and count(train) == {1: 0, 2: 5, 3: 0, 4: 5}
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     train, _ = tasks.make_splits(0, 200, 10)
@@ -182,3 +208,44 @@ def test_fork_probe_is_the_next_token_probability_of_the_right_and_wrong_digit()
     assert got["p_correct_fork"] == pytest.approx(sum(right) / len(right), abs=1e-5)
     assert got["p_wrong_fork"] == pytest.approx(sum(wrong) / len(wrong), abs=1e-5)
     assert len(right) == 4  # two probes per fact
+
+
+# -- the branch program-synthesis task (notebook 05) --------------------------------------------------------------
+def test_branch_code_problem_hand_computed_and_splits_hold_out_whole_functions():
+    p = tasks.branch_code_problem((7, 2, 5, 1))
+    assert p.question == "Write a Python function f of period 4 with f(0) = 7, f(1) = 2, f(2) = 5, f(3) = 1."
+    # inputs 4..7 take branches 0, 1, 2, 3
+    assert [t["expected"] for t in p.tests] == [7, 2, 5, 1]
+    assert sorted(x % 4 for x in tasks.BRANCH_TEST_INPUTS) == [0, 1, 2, 3]  # every branch once
+    train, held = tasks.make_branch_code_splits(3, 500, 20)
+    assert len({q.values for q in held}) == 20 and not {q.values for q in held} & {q.values for q in train}
+    assert tasks.make_branch_code_splits(3, 500, 20) == (train, held)
+    with pytest.raises(ValueError, match="values must be digits"):
+        tasks.branch_code_problem((1, 2, 3))  # 4 tests do not split over 3 branches
+    with pytest.raises(ValueError, match="n_heldout"):
+        tasks.make_branch_code_splits(0, 1, 60, branches=2)  # 100 functions: at most 50 held out
+
+
+def test_branch_code_teacher_errs_per_value():
+    p = tasks.branch_code_problem((7, 2, 5, 1))
+    assert tasks.branch_code_solution(p) == ("<think>\nf(0) = 7\nf(1) = 2\nf(2) = 5\nf(3) = 1\n</think>\n```python\n"
+                                             "def f(x):\n    return {0: 7, 1: 2, 2: 5, 3: 1}[x % 4]\n```")
+    rng = random.Random(0)
+    right = [tasks.branch_code_solution(p, rng, error_rate=0.4).endswith("{0: 7, 1: 2, 2: 5, 3: 1}[x % 4]\n```")
+             for _ in range(3000)]
+    assert abs(sum(right) / len(right) - 0.6 ** 4) < 0.02  # fully right: 0.6^4 = 0.13
+
+
+@pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="bubblewrap is not installed")
+def test_branch_programs_in_the_sandbox_earn_partial_credit_per_branch():
+    from klear_lib.rewards.code import score_code
+
+    p = tasks.branch_code_problem((7, 2, 5, 1))
+    good = tasks.branch_code_solution(p)
+    assert score_code(good, p.tests, mode="soft").score == 1.0
+    one_wrong = good.replace("2: 5", "2: 6")
+    res = score_code(one_wrong, p.tests, mode="soft")
+    assert (res.passed, res.total, res.score, res.reason) == (3, 4, 0.75, "some_passed")
+    assert score_code(one_wrong, p.tests, mode="hard").score == 0.0
+    one_branch = tasks.branch_code_problem((4,))
+    assert score_code(tasks.branch_code_solution(one_branch), one_branch.tests, mode="hard").score == 1.0

@@ -127,3 +127,103 @@ def test_bad_specs_name_the_field(kwargs, match):
 def test_corpus_covers_every_style():
     text = "\n".join(teachers.corpus(teachers.SOURCES.values(), _problems(100), per_source=30))
     assert "check" in text and "answer " in text and "\\boxed{" in text and re.search(r"\d \+ \d \+ \d =", text)
+
+
+# -- notebook 01's main condition: matched quality, different styles ------------------------------------------
+def test_style_sources_write_the_same_chain_in_their_own_style():
+    p = Problem("Compute (8 + 3 + 2) mod 10.", 3, 2, (8, 3, 2))
+    # 8 + 3 = 11 -> 1, 1 + 2 = 3; reversed: 8 + 2 = 10 -> 0, 0 + 3 = 3
+    expected = {
+        "plain": "<think>\n8 + 3 = 1\n1 + 2 = 3\n</think>\n\\boxed{3}",
+        "words": "<think>\n8 plus 3 is 1\n1 plus 2 is 3\n</think>\n\\boxed{3}",
+        "compact": "<think>\n8+3=1\n1+2=3\n</think>\n\\boxed{3}",
+        "inline": "<think>\n8 + 3 = 1; 1 + 2 = 3\n</think>\n\\boxed{3}",
+        "reverse": "<think>\n8 + 2 = 0\n0 + 3 = 3\n</think>\n\\boxed{3}",
+        "stated": "<think>\n8 + 3 = 1\n1 + 2 = 3\n</think>\nThe answer is \\boxed{3}.",
+        "checked": "<think>\n8 + 3 = 1\ncheck 8 + 3 = 1 ok\n1 + 2 = 3\ncheck 1 + 2 = 3 ok\n</think>\n\\boxed{3}",
+    }
+    assert set(teachers.STYLE_SOURCES) == set(expected)
+    for name, spec in teachers.STYLE_SOURCES.items():
+        perfect = teachers.TeacherSpec(name, **{k: getattr(spec, k) for k in teachers.STYLE_CHOICES},
+                                       verbosity=spec.verbosity)
+        text = perfect.respond(p, random.Random(0))
+        assert text == expected[name]
+        assert exact_answer_reward(text, 3) == (1.0, "correct")
+
+
+def test_style_sources_have_matched_quality():
+    specs = list(teachers.STYLE_SOURCES.values())
+    for lvl in LEVELS:
+        assert len({round(teachers.spec_accuracy(s, lvl), 12) for s in specs}) == 1
+    assert all(s.levels == tuple(LEVELS) and not s.format_noise and not s.skip_prob for s in specs)
+    # measured: every style's answers are right at the same rate (level 4, 5 steps at 3%: 0.1 + 0.9 * 0.9667^5)
+    want = 0.1 + 0.9 * (1 - 10 * 0.03 / 9) ** 5
+    probs = _problems(1500, level=4, seed=4)
+    for spec in specs:
+        acc = sum(s["verdict"] for s in teachers.source_samples(spec, probs, 1500, seed=1)) / 1500
+        assert abs(acc - want) < 0.035, (spec.name, acc, want)
+
+
+def test_bad_style_names_the_field():
+    with pytest.raises(ValueError, match="notation must be one of"):
+        teachers.TeacherSpec("x", notation="latex")
+    with pytest.raises(ValueError, match="order must be one of"):
+        teachers.TeacherSpec("x", order="random")
+
+
+def test_spec_accuracy_closed_form_hand_computed_and_against_sampling():
+    g = teachers.GRADED_TEACHER
+    assert teachers.spec_accuracy(g, 1) == pytest.approx(0.95)  # 0.1 + 0.9 * (1 - 0.05 * 10 / 9)
+    assert teachers.spec_accuracy(g, 2) == pytest.approx(0.725)  # 0.1 + 0.9 * (5/6)^2
+    rng = random.Random(5)
+    for lvl in (3, 4):
+        probs = _problems(4000, level=lvl, seed=lvl)
+        acc = sum(exact_answer_reward(g.respond(p, rng), p.answer)[0] for p in probs) / len(probs)
+        assert abs(acc - teachers.spec_accuracy(g, lvl)) < 0.025
+    with pytest.raises(ValueError, match="closed form"):
+        teachers.spec_accuracy(teachers.SOURCES["skipper"], 2)
+
+
+def test_mixture_samples_draw_every_style_once_per_problem_at_the_given_error():
+    probs = _problems(700, seed=6)
+    samples = teachers.mixture_samples(teachers.STYLE_SOURCES.values(), probs, seed=0, step_error=0.0)
+    assert [s["prompt"] for s in samples] == [p.question for p in probs]
+    counts = {name: sum(s["source"] == name for s in samples) for name in teachers.STYLE_SOURCES}
+    assert min(counts.values()) > 60  # ~100 each
+    assert all(s["verdict"] for s in samples)  # step_error 0 everywhere
+    noisy = teachers.mixture_samples(teachers.STYLE_SOURCES.values(), probs, seed=0, step_error=0.5)
+    assert sum(s["verdict"] for s in noisy) / len(noisy) < 0.6
+
+
+# -- notebook 02: the near-miss teacher ---------------------------------------------------------------------------
+def test_near_miss_late_steps():
+    t = teachers.NearMissTeacher("t", (1.0, 1.0, 1.0, 1.0))
+    assert [list(t.late_steps(n)) for n in (1, 2, 3, 5)] == [[0], [1], [1, 2], [2, 3, 4]]
+    assert list(teachers.NearMissTeacher("t", (1.0,) * 4, late_share=1.0).late_steps(3)) == [0, 1, 2]
+    with pytest.raises(ValueError, match="accuracy"):
+        teachers.NearMissTeacher("t", (0.5, 0.5))
+
+
+def test_near_miss_teacher_keeps_graded_accuracy_with_one_late_wrong_step():
+    nm = teachers.near_miss_matching(teachers.GRADED_TEACHER)
+    assert nm.accuracy == pytest.approx(tuple(teachers.spec_accuracy(teachers.GRADED_TEACHER, l) for l in (1, 2, 3, 4)))
+    rng = random.Random(7)
+    for lvl in LEVELS:
+        probs = _problems(2500, level=lvl, seed=10 + lvl)
+        right = 0
+        for p in probs:
+            text = nm.respond(p, rng)
+            ok = exact_answer_reward(text, p.answer)[0] == 1.0
+            right += ok
+            lines = _steps(text)
+            assert len(lines) == len(p.operands) - 1  # the full procedure, every step written
+            value, wrong = p.operands[0], []
+            for i, (line, b) in enumerate(zip(lines, p.operands[1:])):
+                left, res = line.split(" = ")
+                assert left == f"{value} + {b}"  # each step starts from the value written before it
+                if int(res) != (value + b) % 10:
+                    wrong.append(i)
+                value = int(res)
+            assert len(wrong) == (0 if ok else 1)  # a wrong answer has exactly one wrong step ...
+            assert all(i in nm.late_steps(len(lines)) for i in wrong)  # ... in the late half
+        assert abs(right / len(probs) - nm.accuracy[lvl - 1]) < 0.03, (lvl, right / len(probs))

@@ -292,6 +292,22 @@ def filter_by_correctness(samples: list[dict], mode: str) -> list:
     return [s for i, s in enumerate(samples) if _keep(s, i, mode)]
 
 
+def upsample(samples: list, n: int, *, seed: int) -> list:
+    """``n`` samples from ``samples`` by whole repeats plus a seeded draw without replacement for the rest:
+    ``n // len(samples)`` copies of every sample, then ``n % len(samples)`` distinct ones (``random.Random(seed)``),
+    in input order. A volume-matched control (Only-True upsampled to Mixed's count) trains as many steps on the same
+    correct samples. ``n`` below ``len(samples)`` is an error (that is a subsample, not an upsample)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < len(samples):
+        raise ValueError(f"upsample: n must be an int >= len(samples) = {len(samples)}, got {n!r}")
+    if not samples:
+        if n:
+            raise ValueError("upsample: no samples to repeat")
+        return []
+    whole, rest = divmod(n, len(samples))
+    extra = set(random.Random(seed).sample(range(len(samples)), rest))
+    return [s for i, s in enumerate(samples) for _ in range(whole + (i in extra))]
+
+
 def difficulty_buckets(pass_rates: dict[str, float], *, easy_above: float = 0.5) -> dict[str, str]:
     """Problem id -> "easy" when its measured pass rate (fraction of correct rollouts) is strictly above
     `easy_above`, else "hard"."""

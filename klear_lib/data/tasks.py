@@ -49,30 +49,90 @@ def make_problem(rng: random.Random, level: int) -> Problem:
     )
 
 
+def question_space(level: int) -> int:
+    """Distinct questions of ``level``: 10 first digits × ``MAX_STEP`` choices for each later operand."""
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {sorted(LEVELS)}, got {level!r}")
+    return MODULUS * MAX_STEP ** (LEVELS[level] - 1)
+
+
+def fair_quotas(total: int, caps: list[int]) -> list[int]:
+    """Max-min fair split of ``total`` over slots with capacities ``caps`` (in order): each slot gets an equal
+    share; a slot with less room takes all it has and its shortfall is split among the others; what is left
+    after equal shares goes one each to the first slots. Raises ValueError when ``total`` exceeds ``sum(caps)``.
+
+    >>> fair_quotas(10, [2, 9, 9])   # 2 is full; 8 left over two slots
+    [2, 4, 4]
+    >>> fair_quotas(7, [9, 9])       # the odd one goes to the first slot
+    [4, 3]
+    """
+    if total < 0 or any(c < 0 for c in caps):
+        raise ValueError(f"fair_quotas: total and caps must be >= 0, got {total}, {caps}")
+    if total > sum(caps):
+        raise ValueError(f"fair_quotas: {total} does not fit in capacities {caps} (sum {sum(caps)})")
+    out, active, left = [0] * len(caps), list(range(len(caps))), total
+    while active:
+        share = left // len(active)
+        full = [i for i in active if caps[i] <= share]
+        if not full:
+            break
+        for i in full:
+            out[i], left = caps[i], left - caps[i]
+        active = [i for i in active if i not in full]
+    if active:
+        share, extra = divmod(left, len(active))
+        for rank, i in enumerate(active):
+            out[i] = share + (rank < extra)
+    return out
+
+
+MAX_HELDOUT_SHARE = 0.5  # of a level's distinct questions: the rest stay available to the training split
+
+
 def make_splits(
     seed: int, n_train: int, n_heldout: int, levels: tuple[int, ...] = (1, 2, 3, 4)
 ) -> tuple[list[Problem], list[Problem]]:
-    """Fixed train / held-out splits from one seed; no held-out question appears in train.
+    """Fixed train / held-out splits from one seed, with per-level quotas; no held-out question appears in train.
 
-    Levels are drawn uniformly. The held-out split is drawn first so that it does not change when
-    ``n_train`` changes (a larger train set never moves the evaluation problems).
+    Held-out: ``n_heldout`` distinct questions split as evenly as possible over ``levels`` (``fair_quotas``),
+    each level holding out at most ``MAX_HELDOUT_SHARE`` of its distinct questions; what a small level cannot
+    take goes to the others (with the default 128 over levels 1-4: 15 / 38 / 38 / 37 of 30 / 90 / 270 / 2,430
+    questions). Train: ``n_train`` problems split evenly over the levels (the first levels get the remainder),
+    drawn with replacement from the questions that are not held out, so every level keeps distinct training
+    questions (level 1 keeps 15). Both lists are shuffled, so any prefix mixes the levels. The held-out split is
+    drawn first, so it does not change when ``n_train`` changes.
+
+    (Before, levels were drawn uniformly and held-out duplicates rejected: level 1's 30 questions filled up, and
+    the training split kept only 10 of them, each repeated ~150 times.)
     """
     rng = random.Random(seed)
-    heldout, seen = [], set()
-    space = sum(10 * MAX_STEP ** (LEVELS[lvl] - 1) for lvl in set(levels))  # distinct questions of these levels
-    if n_heldout > space // 2:
+    levels = tuple(dict.fromkeys(levels))
+    for lvl in levels:
+        question_space(lvl)  # an unknown level is an error here
+    caps = [int(question_space(lvl) * MAX_HELDOUT_SHARE) for lvl in levels]
+    if n_heldout > sum(caps):
+        space = sum(question_space(lvl) for lvl in levels)
         raise ValueError(f"n_heldout={n_heldout} is too large for levels {levels}: they have {space} distinct "
-                         f"questions and at most half may be held out")
-    while len(heldout) < n_heldout:
-        p = make_problem(rng, rng.choice(levels))
-        if p.question not in seen:
-            seen.add(p.question)
-            heldout.append(p)
+                         f"questions and at most half of each level may be held out ({sum(caps)})")
+    heldout, seen = [], set()
+    for lvl, quota in zip(levels, fair_quotas(n_heldout, caps)):
+        got = 0
+        while got < quota:
+            p = make_problem(rng, lvl)
+            if p.question not in seen:
+                seen.add(p.question)
+                heldout.append(p)
+                got += 1
+    rng.shuffle(heldout)
     train = []
-    while len(train) < n_train:  # repeats inside train are allowed (level 1 has only 81 questions)
-        p = make_problem(rng, rng.choice(levels))
-        if p.question not in seen:
-            train.append(p)
+    for lvl, quota in zip(levels, fair_quotas(n_train, [n_train] * len(levels))):
+        got = 0
+        while got < quota:  # repeats inside train are allowed (level 1 has 30 questions)
+            p = make_problem(rng, lvl)
+            if p.question not in seen:
+                train.append(p)
+                got += 1
+    rng.shuffle(train)
     return train, heldout
 
 
@@ -322,3 +382,87 @@ def code_prompt_messages(problem: CodeProblem) -> list[dict]:
 def code_corpus(problems: list[CodeProblem]) -> list[str]:
     rng = random.Random(0)
     return [p.question for p in problems] + [code_teacher_solution(p, rng) for p in problems]
+
+
+# -- program synthesis with more branches (notebook 05): full passes rare, partial credit common -------------------
+# A lookup program: f(x) = c[x mod B], one value c_k in 0..9 per branch k (B = 4 by default), shown through the
+# examples f(0) .. f(B-1); the chain of thought writes each example again, the program a table {k: c_k}.
+# Hidden tests cover every branch equally, so a program with j of B values right passes j/B of them. With a
+# per-branch error p the teacher's program is fully right (1-p)^B of the time (p = 0.4: 13%) while most programs
+# pass some tests: the regime in which the paper's soft reward should beat the all-or-nothing one. (Two first tries
+# were not learned in 250 SFT steps: f(x) = x + c[x mod 4] with c read off f(k) - k, 1% of programs passing every
+# test; the lookup after lines `x % 4 == k: c` that do not repeat the examples, 30% of branches right where the
+# teacher was right on 60%. Copying `f(k) = c` into the chain first, and 500 steps, made it learnable.)
+
+BRANCH_TEST_INPUTS = tuple(range(4, 8))  # 4 hidden tests, one per branch of four (a second per branch adds nothing)
+
+
+@dataclass(frozen=True)
+class BranchCodeProblem:
+    question: str
+    values: tuple[int, ...]
+
+    def f(self, x: int) -> int:
+        return self.values[x % len(self.values)]
+
+    @property
+    def tests(self) -> list[dict]:
+        """Function-call tests in the format of klear_lib.rewards.code, every branch equally often."""
+        return [{"fn_name": "f", "args": [x], "expected": self.f(x)} for x in BRANCH_TEST_INPUTS]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def branch_code_problem(values: tuple[int, ...]) -> BranchCodeProblem:
+    """The problem whose function returns ``values[x % len(values)]``; its examples are f(0) .. f(len(values)-1)."""
+    values = tuple(values)
+    if not values or not all(0 <= v <= 9 for v in values) or len(BRANCH_TEST_INPUTS) % len(values):
+        raise ValueError(f"values must be digits, as many as divide the {len(BRANCH_TEST_INPUTS)} tests evenly; "
+                         f"got {values!r}")
+    examples = ", ".join(f"f({x}) = {v}" for x, v in enumerate(values))
+    return BranchCodeProblem(f"Write a Python function f of period {len(values)} with {examples}.", values)
+
+
+def make_branch_code_splits(seed: int, n_train: int, n_heldout: int, branches: int = 4
+                            ) -> tuple[list[BranchCodeProblem], list[BranchCodeProblem]]:
+    """Train / held-out problems from one seed; a held-out function (its values) never appears in train.
+    Held-out: ``n_heldout`` distinct functions; train: ``n_train`` draws from the others (repeats allowed)."""
+    space = 10 ** branches
+    if not 0 < n_heldout <= space // 2:
+        raise ValueError(f"n_heldout must be in 1..{space // 2} (half of the {space} functions), got {n_heldout}")
+    rng = random.Random(seed)
+    draw = lambda: tuple(rng.randint(0, 9) for _ in range(branches))
+    held = []
+    while len(held) < n_heldout:
+        values = draw()
+        if values not in held:
+            held.append(values)
+    taken, train = set(held), []
+    while len(train) < n_train:
+        values = draw()
+        if values not in taken:
+            train.append(values)
+    return [branch_code_problem(v) for v in train], [branch_code_problem(v) for v in held]
+
+
+def branch_code_solution(problem: BranchCodeProblem, rng: random.Random | None = None, *,
+                         error_rate: float = 0.0) -> str:
+    """The teacher's response: one line per branch with its value, then one ``python`` block. With
+    ``error_rate`` > 0 each value is wrong (another digit) with that probability, in the line and in the program
+    alike: the program fails that branch's tests only."""
+    rng = rng or random.Random(0)
+    values = list(problem.values)
+    for k in range(len(values)):
+        if error_rate and rng.random() < error_rate:
+            values[k] = (values[k] + rng.randint(1, 9)) % 10
+    b = len(values)
+    lines = [f"f({k}) = {v}" for k, v in enumerate(values)]
+    table = ", ".join(f"{k}: {v}" for k, v in enumerate(values))
+    code = f"def f(x):\n    return {{{table}}}[x % {b}]\n"
+    return "<think>\n" + "\n".join(lines) + "\n</think>\n```python\n" + code + "```"
+
+
+def branch_code_corpus(problems: list[BranchCodeProblem]) -> list[str]:
+    rng = random.Random(0)
+    return [p.question for p in problems] + [branch_code_solution(p, rng, error_rate=0.3) for p in problems]

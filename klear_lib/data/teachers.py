@@ -15,6 +15,20 @@ responses by difficulty. Here a source is a :class:`TeacherSpec`: a teacher over
 * ``verbosity``: re-check lines after each step (longer responses, same content);
 * ``levels``: the problem levels the source covers (narrow vs broad coverage).
 
+Style, which changes how a response is written and never whether it is right (notebook 01's main condition:
+sources of matched quality that differ only in style):
+
+* ``notation``: ``symbols`` (``3 + 2 = 5``), ``words`` (``3 plus 2 is 5``), ``compact`` (``3+2=5``);
+* ``layout``: ``lines`` (one step per line) or ``inline`` (every step on one line, ``; ``-separated);
+* ``order``: ``forward`` (the addends in the question's order) or ``reverse`` (last addend first: the same
+  sum, other steps);
+* ``answer_style``: ``boxed`` (``\\boxed{5}``) or ``stated`` (``The answer is \\boxed{5}.``);
+* ``verbosity`` above.
+
+``NearMissTeacher`` (notebook 02) writes the correct procedure with exactly one wrong step, placed late, in a
+share of responses calibrated per level (``near_miss_matching``: the accuracy of a ``TeacherSpec`` per level,
+``spec_accuracy``), so that an incorrect trace is a long, almost right chain rather than one full of slips.
+
 Every sample is a dict with the fields of ``klear_lib.data.hub.SFTSample`` (prompt, response, source, verdict,
 difficulty) plus the problem's level and answer, so the selection functions of ``klear_lib.data.selection`` apply
 unchanged and ``hub.sft_sample_to_chat`` turns it into a chat row for SFT.
@@ -22,10 +36,15 @@ unchanged and ``hub.sft_sample_to_chat`` turns it into a chat row for SFT.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import asdict, dataclass
 
 from klear_lib.data.tasks import LEVELS, MODULUS, Problem, exact_answer_reward
+
+
+STYLE_CHOICES = {"notation": ("symbols", "words", "compact"), "layout": ("lines", "inline"),
+                 "order": ("forward", "reverse"), "answer_style": ("boxed", "stated")}
 
 
 @dataclass(frozen=True)
@@ -40,8 +59,15 @@ class TeacherSpec:
     verbosity: int = 0
     levels: tuple[int, ...] = tuple(LEVELS)
     description: str = ""
+    notation: str = "symbols"
+    layout: str = "lines"
+    order: str = "forward"
+    answer_style: str = "boxed"
 
     def __post_init__(self) -> None:
+        for key, allowed in STYLE_CHOICES.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"TeacherSpec {self.name!r}: {key} must be one of {allowed}, got {getattr(self, key)!r}")
         for key in ("step_error", "error_growth", "skip_prob", "format_noise"):
             value = getattr(self, key)
             if not 0.0 <= value <= 1.0:
@@ -56,6 +82,10 @@ class TeacherSpec:
     def error_at(self, level: int) -> float:
         """Per-step error probability on a problem of ``level``."""
         return min(1.0, self.step_error + self.error_growth * (level - 1))
+
+    def respond(self, problem: Problem, rng: random.Random) -> str:
+        """One response to ``problem`` (``teacher_response``)."""
+        return teacher_response(self, problem, rng)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -86,15 +116,52 @@ SOURCES: dict[str, TeacherSpec] = {
 GRADED_TEACHER = TeacherSpec("graded", step_error=0.05, error_growth=0.10,
                              description="accuracy falls with the level: most hard responses are wrong")
 
+# Notebook 01's main condition: seven sources of *matched* quality (every one errs on 3% of steps, covers every
+# level, keeps the format) that differ only in how they write: the paper's question ("a few consistent sources
+# beat many diverse ones at the same budget") without "adding bad data hurts" built in.
+STYLE_SOURCES: dict[str, TeacherSpec] = {
+    spec.name: spec
+    for spec in (
+        TeacherSpec("plain", step_error=0.03, description="one 'a + b = c' line per step, boxed answer"),
+        TeacherSpec("words", step_error=0.03, notation="words", description="'a plus b is c' lines"),
+        TeacherSpec("compact", step_error=0.03, notation="compact", description="'a+b=c' lines, no spaces"),
+        TeacherSpec("inline", step_error=0.03, layout="inline", description="every step on one line, '; ' between"),
+        TeacherSpec("reverse", step_error=0.03, order="reverse", description="adds the addends last to first"),
+        TeacherSpec("stated", step_error=0.03, answer_style="stated",
+                    description="ends 'The answer is \\boxed{c}.'"),
+        TeacherSpec("checked", step_error=0.03, verbosity=1, description="a re-check line after every step"),
+    )
+}
+
 FILLER = "check {a} + {b} = {c} ok"
+_NOTATION = {"symbols": "{a} + {b} = {c}", "words": "{a} plus {b} is {c}", "compact": "{a}+{b}={c}"}
+_JOIN = {"symbols": " + ", "words": " plus ", "compact": "+"}
+
+
+def render_response(spec: TeacherSpec, steps: list[tuple[int, list[int], int]], answer: int) -> str:
+    """The text of a response in ``spec``'s style from its ``steps`` (running value, addends of the step, the
+    result written) and the answer written; format noise is not applied here."""
+    lines = []
+    for value, terms, new in steps:
+        b = _JOIN[spec.notation].join(map(str, terms))
+        step = _NOTATION[spec.notation].format(a=value, b=b, c=new)
+        lines.append(step)
+        for _ in range(spec.verbosity):
+            lines.append(FILLER.format(a=value, b=" + ".join(map(str, terms)), c=new))
+    body = "; ".join(lines) if spec.layout == "inline" else "\n".join(lines)
+    boxed = "\\boxed{" + str(answer) + "}"
+    final = f"The answer is {boxed}." if spec.answer_style == "stated" else boxed
+    return "<think>\n" + body + "\n</think>\n" + final
 
 
 def teacher_response(spec: TeacherSpec, problem: Problem, rng: random.Random) -> str:
     """One response of ``spec``'s teacher to ``problem`` (``<think>`` lines, then ``\\boxed{}``)."""
     err = spec.error_at(problem.level)
     ops = list(problem.operands[1:])
+    if spec.order == "reverse":
+        ops.reverse()
     value = problem.operands[0]
-    lines = []
+    steps = []
     i = 0
     while i < len(ops):
         if spec.skip_prob and i + 1 < len(ops) and rng.random() < spec.skip_prob:
@@ -105,18 +172,84 @@ def teacher_response(spec: TeacherSpec, problem: Problem, rng: random.Random) ->
         for _ in terms:  # each merged addition can go wrong, as written-out steps can
             if err and rng.random() < err:
                 new = (new + rng.randint(1, MODULUS - 1)) % MODULUS
-        lines.append(f"{value} + {' + '.join(map(str, terms))} = {new}")
-        for _ in range(spec.verbosity):
-            lines.append(FILLER.format(a=value, b=" + ".join(map(str, terms)), c=new))
+        steps.append((value, terms, new))
         value = new
         i += len(terms)
-    think = "<think>\n" + "\n".join(lines) + "\n"
-    answer = "\\boxed{" + str(value) + "}"
+    text = render_response(spec, steps, value)
     if spec.format_noise and rng.random() < spec.format_noise:
+        think = text.split("</think>")[0]
         if rng.random() < 0.5:
-            return think + answer  # never closes the think block
+            return think + "\\boxed{" + str(value) + "}"  # never closes the think block
         return think + "</think>\nanswer " + str(value)  # the answer is not boxed
-    return think + "</think>\n" + answer
+    return text
+
+
+def spec_accuracy(spec: TeacherSpec, level: int) -> float:
+    """The probability that ``spec``'s answer to a problem of ``level`` is right (no skipped steps, no format
+    noise). Each of the n = ``LEVELS[level] - 1`` steps adds an offset: 0 with probability 1 - e, else uniform on
+    1..9 (mod 10), e = ``spec.error_at(level)``. The offset's characteristic function is 1 at frequency 0 and
+    φ = 1 - e - e/9 = 1 - 10e/9 at the nine others, so P(offset sum ≡ 0) = 1/10 + 9/10 · (1 - 10e/9)^n
+    (errors can cancel: 1/9 of a second error undoes the first)."""
+    if spec.skip_prob or spec.format_noise:
+        raise ValueError(f"spec_accuracy: {spec.name!r} skips steps or breaks the format; the closed form assumes "
+                         "neither")
+    e, n = spec.error_at(level), LEVELS[level] - 1
+    return 0.1 + 0.9 * (1 - 10 * e / 9) ** n
+
+
+@dataclass(frozen=True)
+class NearMissTeacher:
+    """A teacher whose incorrect responses are near misses: the correct procedure with exactly one wrong step
+    (off by 1..9), placed late (uniformly among the last ``ceil(late_share · n)`` of the n steps), every later
+    step computed correctly from the wrong value, so the answer is wrong. A response to a level-L problem is
+    right with probability ``accuracy[L - 1]``. Written in the plain style."""
+
+    name: str
+    accuracy: tuple[float, ...]
+    """Probability of a right answer per level, levels 1..4 in order."""
+    late_share: float = 0.5
+    levels: tuple[int, ...] = tuple(LEVELS)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.accuracy) != len(LEVELS) or not all(0.0 <= a <= 1.0 for a in self.accuracy):
+            raise ValueError(f"NearMissTeacher {self.name!r}: accuracy must be {len(LEVELS)} probabilities (levels "
+                             f"{sorted(LEVELS)}), got {self.accuracy!r}")
+        if not 0.0 < self.late_share <= 1.0:
+            raise ValueError(f"NearMissTeacher {self.name!r}: late_share must be in (0, 1], got {self.late_share!r}")
+
+    def late_steps(self, n_steps: int) -> range:
+        """0-based indices of the steps a wrong step may take: the last ceil(late_share · n_steps)."""
+        return range(n_steps - math.ceil(self.late_share * n_steps), n_steps)
+
+    def respond(self, problem: Problem, rng: random.Random) -> str:
+        ops = problem.operands[1:]
+        wrong_at = -1
+        if rng.random() >= self.accuracy[problem.level - 1]:
+            wrong_at = rng.choice(self.late_steps(len(ops)))
+        value, steps = problem.operands[0], []
+        for i, b in enumerate(ops):
+            new = (value + b) % MODULUS
+            if i == wrong_at:
+                new = (new + rng.randint(1, MODULUS - 1)) % MODULUS
+            steps.append((value, [b], new))
+            value = new
+        return render_response(PLAIN, steps, value)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PLAIN = TeacherSpec("plain")
+
+
+def near_miss_matching(spec: TeacherSpec, *, name: str = "near_miss", late_share: float = 0.5) -> NearMissTeacher:
+    """A ``NearMissTeacher`` with ``spec``'s accuracy at every level (``spec_accuracy``): the same share of
+    incorrect responses per level, each a near miss instead of a chain of independent slips."""
+    acc = tuple(spec_accuracy(spec, lvl) for lvl in sorted(LEVELS))
+    return NearMissTeacher(name, acc, late_share=late_share,
+                           description=f"one late wrong step; per-level accuracy of {spec.name!r} "
+                                       f"({', '.join(f'{a:.2f}' for a in acc)})")
 
 
 def source_samples(spec: TeacherSpec, problems: list[Problem], n: int, *, seed: int) -> list[dict]:
@@ -131,7 +264,7 @@ def source_samples(spec: TeacherSpec, problems: list[Problem], n: int, *, seed: 
     out = []
     for _ in range(n):
         p = rng.choice(pool)
-        response = teacher_response(spec, p, rng)
+        response = spec.respond(p, rng)
         out.append({
             "prompt": p.question,
             "response": response,
@@ -152,7 +285,7 @@ def teacher_pass_rates(spec: TeacherSpec, problems: list[Problem], *, samples: i
     for p in problems:
         if p.question in rates:
             continue
-        ok = sum(exact_answer_reward(teacher_response(spec, p, rng), p.answer)[0] for _ in range(samples))
+        ok = sum(exact_answer_reward(spec.respond(p, rng), p.answer)[0] for _ in range(samples))
         rates[p.question] = ok / samples
     return rates
 
@@ -163,3 +296,24 @@ def corpus(specs, problems: list[Problem], *, per_source: int = 200, seed: int =
     for spec in specs:
         texts += [s["response"] for s in source_samples(spec, problems, per_source, seed=seed)]
     return texts
+
+
+def mixture_samples(specs, problems: list[Problem], *, seed: int, step_error: float | None = None) -> list[dict]:
+    """One sample per problem, each from a teacher drawn uniformly from ``specs`` (with ``step_error`` replacing
+    every spec's own and its ``error_growth`` when given): a base model's data that writes in every style of
+    ``specs`` (notebook 01) without favouring any. Samples as ``source_samples``'s, ``source`` the drawn spec."""
+    import dataclasses
+
+    specs = [dataclasses.replace(s, step_error=step_error, error_growth=0.0) if step_error is not None else s
+             for s in specs]
+    if not specs:
+        raise ValueError("mixture_samples needs at least one spec")
+    rng = random.Random(f"{seed}:mixture")
+    out = []
+    for p in problems:
+        spec = rng.choice(specs)
+        response = spec.respond(p, rng)
+        out.append({"prompt": p.question, "response": response, "source": spec.name,
+                    "verdict": exact_answer_reward(response, p.answer)[0] == 1.0, "difficulty": None,
+                    "level": p.level, "answer": p.answer})
+    return out

@@ -54,7 +54,7 @@ from multiprocessing import connection
 from klear_lib.rewards.result import RewardResult
 from klear_lib.rewards.workers import READY, RESULT, START_ERROR, Worker, WorkerStartError, exit_description
 
-__all__ = ["RewardPool", "WorkerStartError", "POOL_REASONS", "completion_text", "make_trl_reward_func"]
+__all__ = ["RewardPool", "MemoPool", "WorkerStartError", "POOL_REASONS", "completion_text", "make_trl_reward_func"]
 
 _STOP_GRACE_S = 5.0  # how long close() lets idle workers exit by themselves before killing them
 _OPEN_POOLS: weakref.WeakSet = weakref.WeakSet()
@@ -332,6 +332,49 @@ class RewardPool:
             queue.appendleft(rest)
         w.task = None
         self._replace(w)
+
+
+class MemoPool:
+    """A ``RewardPool`` that judges each distinct item once: the same ``score_batch`` interface, items compared as
+    JSON (keys sorted), within a batch and across batches. For a deterministic judge on deterministic programs
+    (the tiny code task's: pure functions of their input) this changes no score and saves most of the sandbox time
+    once a policy repeats itself (the G samples of a group, the held-out problems evaluated again). Results whose
+    reason is in ``uncached`` (the pool's own failures and timeouts, which depend on the machine's load) are not
+    kept, so the next identical item is judged again. A judge with randomness or wall-clock dependence would get
+    its first answer every time: do not use it there.
+
+    ``judged`` counts the items sent to the pool, ``hits`` those answered from the memo.
+    """
+
+    def __init__(self, pool, *, uncached=("timeout", *POOL_REASONS)):
+        self.pool = pool
+        self.uncached = frozenset(uncached)
+        self.memo: dict[str, RewardResult] = {}
+        self.judged = 0
+        self.hits = 0
+
+    @staticmethod
+    def key(item: Mapping) -> str:
+        import json
+
+        return json.dumps(item, sort_keys=True, default=str)
+
+    def score_batch(self, items: Sequence[Mapping]) -> list[RewardResult]:
+        keys = [self.key(it) for it in items]
+        todo: dict[str, Mapping] = {}
+        for k, it in zip(keys, items):
+            if k not in self.memo and k not in todo:
+                todo[k] = it
+        fresh = dict(zip(todo, self.pool.score_batch(list(todo.values())))) if todo else {}
+        self.judged += len(todo)
+        self.hits += len(items) - len(todo)
+        for k, r in fresh.items():
+            if r.reason not in self.uncached:
+                self.memo[k] = r
+        return [fresh[k] if k in fresh else self.memo[k] for k in keys]
+
+    def score(self, **item) -> RewardResult:
+        return self.score_batch([item])[0]
 
 
 def completion_text(completion) -> str:

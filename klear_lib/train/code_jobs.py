@@ -1,0 +1,96 @@
+"""Units of work of the code-reward notebook (05): one reward mode × one group filter × one seed, RL on the
+branch program-synthesis task (``tasks.make_branch_code_splits``), every program run in the sandbox.
+
+Each unit opens its own ``RewardPool`` of ``score_code`` (its own processes), wrapped in a ``MemoPool`` (a
+distinct response to a problem is run once per unit: the programs are pure functions). Besides what ``run_rl``
+logs, every rollout record carries the share of generated groups that have a learning signal under each filter
+(``group_signal``), whichever filter the unit trains with: that Klear's filter discards the groups whose
+programs all pass only some tests is what separates the arms.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from klear_lib import models, runs
+from klear_lib.config import RLExperimentConfig
+from klear_lib.data import tasks
+
+ALL_PASSED = "all_passed"
+PARTIAL = "some_passed"
+
+
+def group_signal(scores: list[float], reasons: list[str], group: int) -> dict:
+    """The share of groups (``group`` consecutive completions of one prompt) that have a non-zero GRPO advantage
+    under DAPO's filter (the rewards differ) and under Klear's (the all-tests indicator differs), and the share of
+    completions that pass every test and some but not all of them.
+
+    >>> group_signal([1, 1, 0.5, 0.5], ["all_passed", "all_passed", "some_passed", "some_passed"], 2)
+    {'group_signal_dapo': 0.0, 'group_signal_klear': 0.0, 'full_pass_frac': 0.5, 'partial_pass_frac': 0.5}
+    """
+    if group < 1 or len(scores) != len(reasons) or len(scores) % group:
+        raise ValueError(f"group_signal: {len(scores)} scores and {len(reasons)} reasons in groups of {group}")
+    n_groups = len(scores) // group
+    dapo = klear = 0
+    for g in range(n_groups):
+        s, r = scores[g * group:(g + 1) * group], reasons[g * group:(g + 1) * group]
+        dapo += max(s) != min(s)
+        klear += len({x == ALL_PASSED for x in r}) > 1
+    n = max(len(scores), 1)
+    return {"group_signal_dapo": dapo / max(n_groups, 1), "group_signal_klear": klear / max(n_groups, 1),
+            "full_pass_frac": reasons.count(ALL_PASSED) / n, "partial_pass_frac": reasons.count(PARTIAL) / n}
+
+
+class SignalLog:
+    """Wraps a TRL reward function made by ``make_trl_reward_func``: remembers ``group_signal`` of every call, and
+    as a ``run_rl`` probe returns the mean over the calls since the previous probe (one rollout's generation
+    batches), logged as ``klear/<key>``. Before the first call it returns nothing."""
+
+    def __init__(self, reward_func, group: int):
+        self.reward_func, self.group, self.pending = reward_func, group, []
+        self.__name__ = reward_func.__name__
+
+    def __call__(self, completions, **kwargs):
+        scores = self.reward_func(completions, **kwargs)
+        reasons = [r.reason for r in self.reward_func.last_results]
+        self.pending.append(group_signal(scores, reasons, self.group))
+        return scores
+
+    def probe(self, model=None) -> dict:
+        done, self.pending = self.pending, []
+        if not done:
+            return {}
+        return {k: sum(d[k] for d in done) / len(done) for k in done[0]}
+
+
+def code_unit(*, config: dict, start: str, reward_mode: str, branches: int, reward_workers: int, test_timeout_s: float,
+              tags: dict, metrics_path: str) -> dict:
+    """RL from the SFT model saved at ``start`` with ``config`` (``RLExperimentConfig`` fields; ``seed`` is the
+    run's, ``filter_rule`` the group filter), rewards ``score_code`` in ``reward_mode`` (soft / hard / signed).
+    Records tagged with ``tags``; returns the last evaluation, the reward reasons and the sandbox counts."""
+    from klear_lib.evaluation.code_heldout import evaluate_code_heldout
+    from klear_lib.rewards.code import score_code
+    from klear_lib.rewards.pool import MemoPool, RewardPool, make_trl_reward_func
+    from klear_lib.train.rl import run_rl
+
+    cfg = RLExperimentConfig.from_params(config)
+    train, heldout = tasks.make_branch_code_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, branches)
+    runs.set_seed(cfg.seed)
+    model, tok = models.load_model_and_tokenizer(start, dtype=torch.float32)
+    with RewardPool(score_code, workers=reward_workers, timeout_s=test_timeout_s * 20 + 5,
+                    failure_score=0.0) as raw_pool:
+        pool = MemoPool(raw_pool)
+        reward = make_trl_reward_func(pool, {"tests": "tests"}, f"code_{reward_mode}",
+                                      score_kwargs={"mode": reward_mode, "timeout_s": test_timeout_s})
+        signal = SignalLog(reward, cfg.num_generations)
+        evaluate = lambda m: evaluate_code_heldout(m, tok, heldout, pool, n=cfg.eval_n,
+                                                   temperature=cfg.eval_temperature, top_p=cfg.eval_top_p,
+                                                   max_new_tokens=cfg.max_completion_length)
+        rows = [{"prompt": tasks.code_prompt_messages(p), "tests": p.tests} for p in train]
+        with runs.MetricsWriter(metrics_path) as writer:
+            _, history = run_rl(cfg, model, tok, train, heldout, writer, tags=tags, rows=rows,
+                                reward_funcs=[signal], evaluate=evaluate, probe=signal.probe,
+                                progress=lambda *_: None)
+    last = history[-1] if history else {}
+    return {"final": {k: v for k, v in last.items() if k.startswith("eval/")}, "steps": last.get("step", 0),
+            "reasons": dict(reward.reason_counts), "sandbox_runs": pool.judged, "memo_hits": pool.hits}

@@ -1,0 +1,107 @@
+"""The SFT data notebooks' units of work (klear_lib.train.sft_jobs) and the code notebook's signal read-outs
+(klear_lib.train.code_jobs): hand-computed values, a cached base trained once, one unit end to end."""
+
+import json
+import random
+
+import pytest
+
+from klear_lib.config import SFTExperimentConfig
+from klear_lib.data import tasks, teachers
+from klear_lib.train import code_jobs, sft_jobs
+from klear_lib.train.sft import SFTStageConfig
+
+
+def test_data_stats_hand_computed():
+    samples = [{"prompt": "a", "verdict": True, "level": 1}, {"prompt": "a", "verdict": False, "level": 1},
+               {"prompt": "b", "verdict": True, "level": 4}, {"prompt": "c", "verdict": True, "level": 4}]
+    assert sft_jobs.data_stats(samples) == {"samples": 4, "distinct_prompts": 3, "teacher_correct": 0.75,
+                                            "level_1": 2, "level_4": 2}
+    stats = sft_jobs.data_stats([{"prompt": "a"}])
+    assert stats["samples"] == 1 and stats["teacher_correct"] != stats["teacher_correct"]  # NaN: no verdicts
+
+
+def test_evaluation_record_names_every_level():
+    rec = sft_jobs.evaluation_record({"avg_at_n": 0.5, "format_rate": 1.0, "by_level": {1: 0.75, 4: 0.25}, "n": 2})
+    assert rec == {"eval/avg_at_n": 0.5, "eval/format_rate": 1.0, "eval/avg_at_n_level1": 0.75,
+                   "eval/avg_at_n_level4": 0.25}
+
+
+def test_samples_round_trip(tmp_path):
+    samples = [{"prompt": "q", "response": "r", "level": 2}, {"prompt": [{"role": "user", "content": "x"}]}]
+    assert sft_jobs.read_samples(sft_jobs.write_samples(tmp_path / "d" / "s.jsonl", samples)) == samples
+
+
+def _tiny_cfg():
+    return SFTExperimentConfig.from_params({"tiny_hidden": 32, "tiny_layers": 1, "vocab_size": 400})
+
+
+def test_base_key_follows_the_content():
+    cfg, stage = _tiny_cfg(), SFTStageConfig(epochs=1.0, batch_size=4)
+    corpus, samples = ["a b"], [{"prompt": "q", "response": "r"}]
+    key = sft_jobs.base_key(cfg, corpus, samples, stage)
+    assert key == sft_jobs.base_key(cfg, list(corpus), [dict(samples[0])], stage)
+    assert key != sft_jobs.base_key(cfg, corpus, [{"prompt": "q", "response": "r2"}], stage)
+    assert key != sft_jobs.base_key(cfg.replace(seed=1), corpus, samples, stage)
+    assert key != sft_jobs.base_key(cfg, corpus, samples, SFTStageConfig(epochs=2.0, batch_size=4))
+
+
+def test_cached_base_is_trained_once_and_a_unit_fine_tunes_and_evaluates_it(tmp_path):
+    cfg = _tiny_cfg()
+    train, held = tasks.make_splits(0, 64, 4)
+    samples = teachers.source_samples(teachers.SOURCES["clean"], train, 32, seed=0)
+    stage = SFTStageConfig(learning_rate=3e-3, epochs=1.0, batch_size=8, use_cpu=True, bf16=False)
+    said = []
+    first = sft_jobs.base_model(cfg, tasks.corpus(train), samples, stage, cache_root=tmp_path / "cache",
+                                out_dir=tmp_path / "run1", progress=said.append)
+    again = sft_jobs.base_model(cfg, tasks.corpus(train), samples, stage, cache_root=tmp_path / "cache",
+                                out_dir=tmp_path / "run2", progress=said.append)
+    assert first == again and (first / "config.json").is_file()
+    assert any("reusing" in s for s in said) and sum("trained in" in s for s in said) == 1
+    assert json.loads((tmp_path / "run2" / "base.json").read_text())["model_dir"] == str(first)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [first.parent.name]  # no temporary folder left
+
+    data = sft_jobs.write_samples(tmp_path / "arm.jsonl", samples[:16])
+    rec = sft_jobs.sft_unit(start=str(first), data=str(data), stage={**vars(stage), "seed": 3},
+                            problems=[p.to_dict() for p in held], evaluation={"n": 2, "max_new_tokens": 8},
+                            tags={"variant": "x", "seed": 3}, metrics_path=str(tmp_path / "units" / "x.jsonl"))
+    assert rec["variant"] == "x" and rec["samples"] == 16 and 0 <= rec["eval/avg_at_n"] <= 1
+    assert {f"eval/avg_at_n_level{p.level}" for p in held} <= set(rec)
+    lines = (tmp_path / "units" / "x.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [rec]
+    assert not (tmp_path / "units" / "x.model").exists()  # the fine-tuned model is not kept
+
+
+# -- notebook 05: the share of groups with a signal ---------------------------------------------------------------
+def test_group_signal_hand_computed():
+    # three groups of two: [1, 0.5] (both rules), [0.5, 0.25] (partial only: DAPO's rule), [0.25, 0.25] (none)
+    scores = [1.0, 0.5, 0.5, 0.25, 0.25, 0.25]
+    reasons = ["all_passed", "some_passed", "some_passed", "some_passed", "some_passed", "none_passed"]
+    got = code_jobs.group_signal(scores, reasons, 2)
+    assert got == {"group_signal_dapo": pytest.approx(2 / 3), "group_signal_klear": pytest.approx(1 / 3),
+                   "full_pass_frac": pytest.approx(1 / 6), "partial_pass_frac": pytest.approx(4 / 6)}
+    # the hard reward of the same programs: only the first group varies
+    hard = code_jobs.group_signal([1.0, 0, 0, 0, 0, 0], reasons, 2)
+    assert (hard["group_signal_dapo"], hard["group_signal_klear"]) == (pytest.approx(1 / 3), pytest.approx(1 / 3))
+    with pytest.raises(ValueError, match="in groups of 4"):
+        code_jobs.group_signal(scores, reasons, 4)
+
+
+def test_signal_log_wraps_a_reward_and_reports_per_rollout():
+    class Reward:
+        __name__ = "code_soft"
+
+        def __call__(self, completions, **kwargs):
+            from klear_lib.rewards.result import RewardResult
+
+            self.last_results = [RewardResult(c, "all_passed" if c == 1 else "some_passed") for c in completions]
+            return list(completions)
+
+    log = code_jobs.SignalLog(Reward(), group=2)
+    assert log.__name__ == "code_soft" and log.probe() == {}  # before the first rollout: nothing
+    assert log([1, 0.5, 0.5, 0.5]) == [1, 0.5, 0.5, 0.5]
+    log([0.5, 0.25, 1, 1])
+    got = log.probe()
+    # call 1: dapo 1/2, klear 1/2; call 2: dapo 1/2, klear 0 -> means 1/2 and 1/4
+    assert got["group_signal_dapo"] == pytest.approx(0.5) and got["group_signal_klear"] == pytest.approx(0.25)
+    assert log.probe() == {}  # reset after each probe
