@@ -67,15 +67,16 @@ max_new_tokens = 128
 workers = 2                                    # units of work at a time (one CPU thread each)
 use_cpu = True
 bf16 = False
+report_to = "none"                             # or tensorboard / trackio / wandb (installed): <run dir>/tracking
 
 # %% [markdown]
 # ## Configuration
 # One strict, typed config (`SFTExperimentConfig`); the run directory gets it, every source's definition, the
 # package versions and the git commit.
 
-# %%
-import json, random, time
-from pathlib import Path
+# %% tags=["config"]
+import random
+import time
 
 import pandas as pd
 import torch
@@ -89,11 +90,7 @@ from klear_lib.train import sft_jobs
 from klear_lib.train.sft import SFTStageConfig
 
 notebook.quiet()
-cfg = SFTExperimentConfig.from_params(dict(
-    model=model, n_train=n_train, n_val=n_val, n_heldout=n_heldout, sft_lr=sft_lr, sft_epochs=sft_epochs,
-    sft_batch_size=sft_batch_size, eval_n=eval_n, eval_temperature=eval_temperature, max_new_tokens=max_new_tokens,
-    use_cpu=use_cpu, bf16=bf16,
-))
+cfg = notebook.config_from(SFTExperimentConfig, globals())
 CONDITIONS = {"styles": notebook.parse_list(sources, "sources", allowed=teachers.STYLE_SOURCES)}
 POOLS = {"styles": teachers.STYLE_SOURCES, "defects": teachers.SOURCES}
 if defect_sources:

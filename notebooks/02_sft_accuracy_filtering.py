@@ -61,11 +61,12 @@ max_new_tokens = 64                            # level 4's answer is 50 tokens
 workers = 2                                    # units of work at a time (one CPU thread each)
 use_cpu = True
 bf16 = False
+report_to = "none"                             # or tensorboard / trackio / wandb (installed): <run dir>/tracking
 
 # %% [markdown]
 # ## Configuration
 
-# %%
+# %% tags=["config"]
 import time
 
 import pandas as pd
@@ -80,11 +81,7 @@ from klear_lib.train import sft_jobs
 from klear_lib.train.sft import SFTStageConfig, sft_samples
 
 notebook.quiet()
-cfg = SFTExperimentConfig.from_params(dict(
-    model=model, n_train=n_train, n_heldout=n_heldout, sft_lr=sft_lr, sft_epochs=sft_epochs,
-    sft_batch_size=sft_batch_size, eval_n=eval_n, eval_temperature=eval_temperature, max_new_tokens=max_new_tokens,
-    use_cpu=use_cpu, bf16=bf16,
-))
+cfg = notebook.config_from(SFTExperimentConfig, globals())
 TEACHERS = {"near_miss": teachers.near_miss_matching(teachers.GRADED_TEACHER, late_share=late_share),
             "graded": teachers.GRADED_TEACHER}
 if teacher not in TEACHERS:
@@ -131,8 +128,8 @@ for subset in subset_list:
         datasets_[(subset, mode)] = arms[mode]
 by_level = pd.DataFrame([{"level": s["level"], "hard": s["difficulty"] == "hard", "correct": s["verdict"]} for s in pool])
 by_level = by_level.groupby("level")[["hard", "correct"]].mean()
-by_level["teacher accuracy (calibration)"] = [spec.accuracy[l - 1] if hasattr(spec, "accuracy")
-                                              else teachers.spec_accuracy(spec, l) for l in by_level.index]
+by_level["teacher accuracy (calibration)"] = [spec.accuracy[lvl - 1] if hasattr(spec, "accuracy")
+                                              else teachers.spec_accuracy(spec, lvl) for lvl in by_level.index]
 display(by_level.style.format("{:.3f}"))
 data_table = pd.DataFrame([{"subset": s, "mode": m, **sft_jobs.data_stats(d)} for (s, m), d in datasets_.items()])
 data_table = data_table.set_index(["subset", "mode"])
@@ -228,7 +225,10 @@ display(pd.DataFrame(claim_list)[["id", "effect", "ci_low", "ci_high", "seeds", 
 
 # %%
 PAPER_FILTER = {"easy": (45.00, 40.22), "hard": (45.63, 47.29), "all": (44.58, 42.92)}  # AIME24 (%), reference §6
-pct = lambda s, m, c: round(100 * table.loc[(s, m), c], 2) if (s, m) in table.index else None
+def pct(s, m, c):
+    return round(100 * table.loc[(s, m), c], 2) if (s, m) in table.index else None
+
+
 summary = {
     "base": {"avg_at_n": base_eval["avg_at_n"], "by_level": base_eval["by_level"], "levels": list(base_level_list),
              "hardest_level": base_eval["by_level"][hardest]},

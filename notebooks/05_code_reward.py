@@ -60,14 +60,16 @@ workers = 2                                    # units of work at a time (one CP
 use_vllm = False
 use_cpu = True
 bf16 = False
+report_to = "none"                             # or tensorboard / trackio / wandb (installed): <run dir>/tracking
 
 # %% [markdown]
 # ## Configuration
 # One strict config for the shared recipe (GPPO, α 0.1, 8 responses per prompt); each arm changes only the reward
 # and the filter.
 
-# %%
-import random, time
+# %% tags=["config"]
+import random
+import time
 
 import pandas as pd
 import torch
@@ -83,14 +85,7 @@ from klear_lib.train import sft_jobs
 from klear_lib.train.sft import SFTStageConfig
 
 notebook.quiet()
-base = RLExperimentConfig.from_params(dict(
-    model=model, n_train=n_train, n_heldout=n_heldout, sft_lr=sft_lr, sft_epochs=sft_epochs,
-    sft_batch_size=sft_batch_size, sft_error_rate=sft_error_rate, rollouts=rollouts,
-    rollout_prompts=rollout_prompts, mini_batch_prompts=mini_batch_prompts, oversample_factor=oversample_factor,
-    max_gen_batches=max_gen_batches, num_generations=num_generations, max_completion_length=max_completion_length,
-    rl_lr=rl_lr, eval_every=eval_every, eval_n=eval_n, eval_temperature=eval_temperature, use_vllm=use_vllm,
-    use_cpu=use_cpu, bf16=bf16, loss="gppo", fork_facts="",
-))
+base = notebook.config_from(RLExperimentConfig, globals(), loss_name="gppo", fork_facts="")
 mode_list = notebook.parse_list(reward_modes, "reward_modes", allowed=("soft", "hard", "signed"))
 filter_list = notebook.parse_list(filter_rules, "filter_rules", allowed=("dapo", "klear"))
 seed_list = notebook.parse_list(seeds, "seeds", int)

@@ -2,7 +2,6 @@
 (klear_lib.train.code_jobs): hand-computed values, a cached base trained once, one unit end to end."""
 
 import json
-import random
 
 import pytest
 

@@ -79,7 +79,9 @@ def test_fair_quotas_hand_computed():
 def test_splits_have_level_quotas_and_every_level_keeps_training_questions():
     """Pinned per-level counts of both splits (the notebooks' default split: data_seed 1234, 6,000 / 128)."""
     train, held = tasks.make_splits(1234, 6000, 128)
-    count = lambda ps: {lvl: sum(p.level == lvl for p in ps) for lvl in tasks.LEVELS}
+    def count(ps):
+        return {lvl: sum(p.level == lvl for p in ps) for lvl in tasks.LEVELS}
+
     assert count(held) == {1: 15, 2: 38, 3: 38, 4: 37}  # level 1: half of its 30 questions, never all
     assert count(train) == {1: 1500, 2: 1500, 3: 1500, 4: 1500}
     assert len({p.question for p in held}) == 128
@@ -202,7 +204,8 @@ def test_fork_probe_is_the_next_token_probability_of_the_right_and_wrong_digit()
     for problem, prefix, fact in tasks.fork_probe_prefixes(facts):
         head = tok.apply_chat_template(tasks.prompt_messages(problem), tokenize=False, add_generation_prompt=True)
         ids = torch.tensor([tok(head + prefix, add_special_tokens=False)["input_ids"]])
-        probs = torch.softmax(model(input_ids=ids).logits[0, -1].float(), -1)
+        with torch.no_grad():
+            probs = torch.softmax(model(input_ids=ids).logits[0, -1].float(), -1)
         right.append(float(probs[tok.convert_tokens_to_ids(str(fact.right))]))
         wrong.append(float(probs[tok.convert_tokens_to_ids(str(fact.wrong))]))
     assert got["p_correct_fork"] == pytest.approx(sum(right) / len(right), abs=1e-5)

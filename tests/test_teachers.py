@@ -15,7 +15,7 @@ def _problems(n=400, level=None, seed=0):
 
 
 def _steps(response: str) -> list[str]:
-    return [l for l in response.split("</think>")[0].splitlines() if "=" in l and not l.startswith("check")]
+    return [line for line in response.split("</think>")[0].splitlines() if "=" in line and not line.startswith("check")]
 
 
 def test_perfect_teacher_is_always_right_and_writes_every_step():
@@ -56,10 +56,10 @@ def test_error_rate_matches_the_spec(error, level):
 
 def test_error_grows_with_the_level():
     spec = teachers.GRADED_TEACHER
-    assert [round(spec.error_at(l), 2) for l in (1, 2, 3, 4)] == [0.05, 0.15, 0.25, 0.35]
+    assert [round(spec.error_at(lvl), 2) for lvl in (1, 2, 3, 4)] == [0.05, 0.15, 0.25, 0.35]
     rates = teachers.teacher_pass_rates(spec, _problems(600), samples=8)
     probs = {p.question: p for p in _problems(600)}
-    by_level = {l: [r for q, r in rates.items() if probs[q].level == l] for l in LEVELS}
+    by_level = {lvl: [r for q, r in rates.items() if probs[q].level == lvl] for lvl in LEVELS}
     means = [sum(v) / len(v) for v in by_level.values()]
     assert means == sorted(means, reverse=True)
     assert means[0] > 0.9 and means[-1] < 0.2  # 95% and (0.65)^5 = 12%
@@ -112,7 +112,8 @@ def test_samples_carry_the_sft_schema_and_honest_verdicts_and_are_reproducible()
 
 def test_the_default_sources_are_distinct_and_at_least_six():
     assert len(teachers.SOURCES) >= 6
-    assert len({tuple(sorted(s.to_dict().items(), key=str)) for s in teachers.SOURCES.values()}) == len(teachers.SOURCES)
+    distinct = {tuple(sorted(s.to_dict().items(), key=str)) for s in teachers.SOURCES.values()}
+    assert len(distinct) == len(teachers.SOURCES)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -206,7 +207,8 @@ def test_near_miss_late_steps():
 
 def test_near_miss_teacher_keeps_graded_accuracy_with_one_late_wrong_step():
     nm = teachers.near_miss_matching(teachers.GRADED_TEACHER)
-    assert nm.accuracy == pytest.approx(tuple(teachers.spec_accuracy(teachers.GRADED_TEACHER, l) for l in (1, 2, 3, 4)))
+    graded = tuple(teachers.spec_accuracy(teachers.GRADED_TEACHER, lvl) for lvl in (1, 2, 3, 4))
+    assert nm.accuracy == pytest.approx(graded)
     rng = random.Random(7)
     for lvl in LEVELS:
         probs = _problems(2500, level=lvl, seed=10 + lvl)

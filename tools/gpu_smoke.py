@@ -98,7 +98,8 @@ def main(argv=None) -> int:
     cfg = RLExperimentConfig(model="tiny", n_train=args.sft_samples, n_heldout=32, sft_epochs=2.0, sft_batch_size=32,
                              rollouts=max(1, args.rl_steps // 2), rollout_prompts=8, mini_batch_prompts=4,
                              num_generations=4, max_completion_length=56, eval_every=1, eval_n=2,
-                             loss_name="gppo", erc_low=0.8, erc_high=1.2, use_cpu=not cuda, bf16=cuda, use_vllm=use_vllm,
+                             loss_name="gppo", erc_low=0.8, erc_high=1.2, use_cpu=not cuda, bf16=cuda,
+                             use_vllm=use_vllm,
                              filter_groups=False)  # a short SFT answers little: train on every group (plumbing)
     runs.set_seed(0)
     ws = arithmetic_warm_start(cfg, out / "sft", progress=lambda m: print(m, flush=True))

@@ -432,7 +432,10 @@ def make_branch_code_splits(seed: int, n_train: int, n_heldout: int, branches: i
     if not 0 < n_heldout <= space // 2:
         raise ValueError(f"n_heldout must be in 1..{space // 2} (half of the {space} functions), got {n_heldout}")
     rng = random.Random(seed)
-    draw = lambda: tuple(rng.randint(0, 9) for _ in range(branches))
+
+    def draw():
+        return tuple(rng.randint(0, 9) for _ in range(branches))
+
     held = []
     while len(held) < n_heldout:
         values = draw()

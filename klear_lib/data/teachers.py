@@ -42,7 +42,6 @@ from dataclasses import asdict, dataclass
 
 from klear_lib.data.tasks import LEVELS, MODULUS, Problem, exact_answer_reward
 
-
 STYLE_CHOICES = {"notation": ("symbols", "words", "compact"), "layout": ("lines", "inline"),
                  "order": ("forward", "reverse"), "answer_style": ("boxed", "stated")}
 
@@ -67,7 +66,8 @@ class TeacherSpec:
     def __post_init__(self) -> None:
         for key, allowed in STYLE_CHOICES.items():
             if getattr(self, key) not in allowed:
-                raise ValueError(f"TeacherSpec {self.name!r}: {key} must be one of {allowed}, got {getattr(self, key)!r}")
+                raise ValueError(f"TeacherSpec {self.name!r}: {key} must be one of {allowed}, "
+                                 f"got {getattr(self, key)!r}")
         for key in ("step_error", "error_growth", "skip_prob", "format_noise"):
             value = getattr(self, key)
             if not 0.0 <= value <= 1.0:

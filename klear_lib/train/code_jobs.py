@@ -10,6 +10,8 @@ programs all pass only some tests is what separates the arms.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from klear_lib import models, runs
@@ -83,14 +85,17 @@ def code_unit(*, config: dict, start: str, reward_mode: str, branches: int, rewa
         reward = make_trl_reward_func(pool, {"tests": "tests"}, f"code_{reward_mode}",
                                       score_kwargs={"mode": reward_mode, "timeout_s": test_timeout_s})
         signal = SignalLog(reward, cfg.num_generations)
-        evaluate = lambda m: evaluate_code_heldout(m, tok, heldout, pool, n=cfg.eval_n,
-                                                   temperature=cfg.eval_temperature, top_p=cfg.eval_top_p,
-                                                   max_new_tokens=cfg.max_completion_length)
+        def evaluate(m):
+            return evaluate_code_heldout(m, tok, heldout, pool, n=cfg.eval_n, temperature=cfg.eval_temperature,
+                                         top_p=cfg.eval_top_p, max_new_tokens=cfg.max_completion_length)
+
         rows = [{"prompt": tasks.code_prompt_messages(p), "tests": p.tests} for p in train]
+        unit = Path(metrics_path)
+        tracking = unit.parent.parent / "tracking" / unit.stem if cfg.report_to != "none" else None
         with runs.MetricsWriter(metrics_path) as writer:
             _, history = run_rl(cfg, model, tok, train, heldout, writer, tags=tags, rows=rows,
                                 reward_funcs=[signal], evaluate=evaluate, probe=signal.probe,
-                                progress=lambda *_: None)
+                                progress=lambda *_: None, tracking_dir=tracking)
     last = history[-1] if history else {}
     return {"final": {k: v for k, v in last.items() if k.startswith("eval/")}, "steps": last.get("step", 0),
             "reasons": dict(reward.reason_counts), "sandbox_runs": pool.judged, "memo_hits": pool.hits}

@@ -167,13 +167,15 @@ def chat_rows(samples: list) -> list[dict]:
     return [s if isinstance(s, dict) and "completion" in s else sft_sample_to_chat(s) for s in samples]
 
 
-def sft_from(start: str | Path, samples: list, output_dir: str | Path, cfg: SFTStageConfig):
+def sft_from(start: str | Path, samples: list, output_dir: str | Path, cfg: SFTStageConfig, *,
+             tracking_dir: str | Path | None = None):
     """Load the model saved at ``start`` (a folder or hub name), fine-tune it on ``samples`` (see ``chat_rows``)
-    and return ``(model, tokenizer)``; the result is also saved under ``output_dir/final``."""
+    and return ``(model, tokenizer)``; the result is also saved under ``output_dir/final``. ``tracking_dir``: where
+    ``cfg.report_to``'s tracker writes (see ``run_sft``)."""
     if not samples:
         raise ValueError(f"no samples to fine-tune on (output {output_dir})")
     model, tokenizer = load_for_sft(start, max_length=cfg.max_length, bf16=cfg.bf16)
-    return run_sft(model, tokenizer, chat_rows(samples), output_dir, cfg), tokenizer
+    return run_sft(model, tokenizer, chat_rows(samples), output_dir, cfg, tracking_dir=tracking_dir), tokenizer
 
 
 @dataclass

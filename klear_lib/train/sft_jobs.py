@@ -62,7 +62,9 @@ def sft_unit(*, start: str, data: str, stage: dict, problems: list[dict], evalua
     samples = read_samples(data)
     out = Path(metrics_path).with_suffix(".model")
     runs.set_seed(cfg.seed)
-    model, tok = sft_from(start, samples, out, SFTStageConfig(**{**stage, "resume": False}))
+    unit = Path(metrics_path)  # a tracker's files outlive the deleted model: <run dir>/tracking/<unit>
+    tracking = unit.parent.parent / "tracking" / unit.stem if cfg.report_to != "none" else None
+    model, tok = sft_from(start, samples, out, SFTStageConfig(**{**stage, "resume": False}), tracking_dir=tracking)
     result = evaluate_heldout(model, tok, [Problem(**{**p, "operands": tuple(p["operands"])}) for p in problems],
                               **evaluation)
     shutil.rmtree(out, ignore_errors=True)
@@ -83,7 +85,9 @@ def base_key(cfg, corpus: list[str], samples: list[dict], stage) -> str:
     from dataclasses import asdict
 
     root = Path(__file__).resolve().parent.parent
-    digest = lambda obj: hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+    def digest(obj):
+        return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
     payload = {
         "model": {f: getattr(cfg, f) for f in ("model", "tiny_hidden", "tiny_layers", "vocab_size", "seed")},
         "corpus": digest(corpus), "samples": digest(samples), "stage": asdict(stage),
