@@ -41,10 +41,11 @@ reproduce: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	rm -rf .nbval && mkdir -p .nbval
-	for nb in notebooks/[0-9]*.ipynb; do \
+	@# Run folders are named as klear names them (a timestamp): the report counts only those as runs.
+	stamp=$$(date +%Y%m%d-%H%M%S); for nb in notebooks/[0-9]*.ipynb; do \
 	  name=$$(basename $$nb .ipynb); \
 	  if [ -f params/$$name/smoke.yaml ]; then \
-	    $(VENV)/bin/klear prepare $$name --preset smoke --out .nbval/$$name.ipynb --run-dir .nbval/runs/$$name/smoke || exit 1; \
+	    $(VENV)/bin/klear prepare $$name --preset smoke --out .nbval/$$name.ipynb --run-dir .nbval/runs/$$name/$$stamp || exit 1; \
 	  fi; \
 	done
 	@# The report notebook (00_*) gathers the other notebooks' smoke runs: pytest collects in argument order, so it
