@@ -408,6 +408,11 @@ def _is_num(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) or hasattr(value, "dtype")
 
 
+def _signed(value: Any) -> str:
+    """An effect or interval end: signed, 3 significant digits (``+0.336``, ``-0.0322``)."""
+    return f"{value:+.3g}" if _is_num(value) and not isinstance(value, bool) else _fmt(value)
+
+
 def _td(value: Any) -> str:
     return f'<td class="num">{_e(_fmt(value))}</td>' if _is_num(value) else f"<td>{_e(_fmt(value))}</td>"
 
@@ -452,12 +457,13 @@ def claims_html(latest: Mapping[str, "RunInfo"]) -> str:
     head = "<thead><tr>" + "".join(f"<th>{_e(c)}</th>" for c in CLAIM_COLUMNS) + "</tr></thead>"
     body = []
     for r in rows:
-        interval = f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]"
+        interval = f"[{_signed(r['ci_low'])}, {_signed(r['ci_high'])}]"
         mark = " (smoke)" if r["preset"] == "smoke" else ""
         body.append(
             f'<tr><td><a href="#{_e(r["notebook"])}">{_e(r["notebook"])}</a>{_e(mark)}</td>'
             f'<td>{_e(r["claim"])}<br><span class="meta">{_e(r["id"])}</span></td><td>{_e(r["source"])}</td>'
-            f'<td>{_e(r["metric"])}</td>{_td(r["effect"])}<td class="num">{_e(interval)}</td>{_td(r["seeds"])}'
+            f'<td>{_e(r["metric"])}</td><td class="num">{_e(_signed(r["effect"]))}</td>'
+            f'<td class="num">{_e(interval)}</td>{_td(r["seeds"])}'
             f'<td>{_badge(r["verdict"])}</td></tr>')
     note = ("<p class=\"warn\">Some claims come from <code>smoke</code> runs: those check the code path on a few "
             "steps, and their verdicts mean nothing.</p>") if smoke else ""
