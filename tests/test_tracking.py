@@ -62,3 +62,26 @@ def test_every_optimizer_step_has_its_record_when_rollout_records_are_tracked(tm
                progress=lambda *_: None)
     steps = [r["step"] for r in runs.read_metrics(tmp_path / "metrics.jsonl") if "actor/pg_loss" in r]
     assert steps == [1, 2, 3, 4]
+
+
+def test_an_sft_unit_tracks_into_the_run_directory_and_the_events_outlive_its_model(tmp_path):
+    """Notebooks 01 and 02: `report_to` reaches the SFT units; their tracker files go to <run dir>/tracking/<unit>,
+    not into the fine-tuned model's folder (which the unit deletes)."""
+    from klear_lib.config import SFTExperimentConfig
+    from klear_lib.data import teachers
+    from klear_lib.train import sft_jobs
+    from klear_lib.train.sft import SFTStageConfig
+
+    cfg = SFTExperimentConfig.from_params({"tiny_hidden": 32, "tiny_layers": 1, "vocab_size": 400})
+    train, held = tasks.make_splits(0, 64, 2)
+    samples = teachers.source_samples(teachers.SOURCES["clean"], train, 16, seed=0)
+    stage = SFTStageConfig(learning_rate=3e-3, epochs=1.0, batch_size=8, use_cpu=True, bf16=False)
+    start = sft_jobs.base_model(cfg, tasks.corpus(train), samples, stage, cache_root=None, out_dir=tmp_path / "base")
+    data = sft_jobs.write_samples(tmp_path / "arm.jsonl", samples)
+    unit = tmp_path / "run" / "units" / "arm_seed=0.jsonl"
+    sft_jobs.sft_unit(start=str(start), data=str(data), stage={**vars(stage), "report_to": "tensorboard"},
+                      problems=[p.to_dict() for p in held], evaluation={"n": 1, "max_new_tokens": 8},
+                      tags={"variant": "arm", "seed": 0}, metrics_path=str(unit))
+    assert not unit.with_suffix(".model").exists()
+    tags = scalars(tmp_path / "run" / "tracking" / "arm_seed=0")
+    assert {"train/train_loss", "train/mean_token_accuracy"} <= tags, sorted(tags)
