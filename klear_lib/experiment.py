@@ -33,6 +33,16 @@ from typing import Any
 from klear_lib import runs
 
 UNITS_DIR = "units"
+TRACKING_DIR = "tracking"
+
+
+def unit_tracking_dir(metrics_path: str | os.PathLike, report_to: str) -> Path | None:
+    """Where a unit's experiment tracker writes: ``<run dir>/tracking/<unit>`` beside ``<run dir>/units/<unit>.jsonl``
+    (so its files outlive anything the unit deletes); ``None`` when ``report_to`` is ``"none"``."""
+    if report_to == "none":
+        return None
+    unit = Path(metrics_path)
+    return unit.parent.parent / TRACKING_DIR / unit.stem
 
 
 @dataclass(frozen=True)

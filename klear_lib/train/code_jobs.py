@@ -10,13 +10,12 @@ programs all pass only some tests is what separates the arms.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from klear_lib import models, runs
 from klear_lib.config import RLExperimentConfig
 from klear_lib.data import tasks
+from klear_lib.experiment import unit_tracking_dir
 
 ALL_PASSED = "all_passed"
 PARTIAL = "some_passed"
@@ -90,12 +89,11 @@ def code_unit(*, config: dict, start: str, reward_mode: str, branches: int, rewa
                                          top_p=cfg.eval_top_p, max_new_tokens=cfg.max_completion_length)
 
         rows = [{"prompt": tasks.code_prompt_messages(p), "tests": p.tests} for p in train]
-        unit = Path(metrics_path)
-        tracking = unit.parent.parent / "tracking" / unit.stem if cfg.report_to != "none" else None
         with runs.MetricsWriter(metrics_path) as writer:
             _, history = run_rl(cfg, model, tok, train, heldout, writer, tags=tags, rows=rows,
                                 reward_funcs=[signal], evaluate=evaluate, probe=signal.probe,
-                                progress=lambda *_: None, tracking_dir=tracking)
+                                progress=lambda *_: None,
+                                tracking_dir=unit_tracking_dir(metrics_path, cfg.report_to))
     last = history[-1] if history else {}
     return {"final": {k: v for k, v in last.items() if k.startswith("eval/")}, "steps": last.get("step", 0),
             "reasons": dict(reward.reason_counts), "sandbox_runs": pool.judged, "memo_hits": pool.hits}

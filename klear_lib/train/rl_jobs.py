@@ -6,13 +6,12 @@ records. Its result (read back on resume) holds what the notebooks' read-outs ne
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from klear_lib import models, runs
 from klear_lib.config import RLExperimentConfig
 from klear_lib.data import tasks
+from klear_lib.experiment import unit_tracking_dir
 
 
 def rl_unit(*, config: dict, start: str, tags: dict, metrics_path: str) -> dict:
@@ -24,11 +23,9 @@ def rl_unit(*, config: dict, start: str, tags: dict, metrics_path: str) -> dict:
     train, heldout = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, cfg.level_list)
     runs.set_seed(cfg.seed)
     model, tok = models.load_model_and_tokenizer(start, dtype=torch.float32)
-    unit = Path(metrics_path)
-    tracking = unit.parent.parent / "tracking" / unit.stem if cfg.report_to != "none" else None
     with runs.MetricsWriter(metrics_path) as writer:
         _, history = run_rl(cfg, model, tok, train, heldout, writer, tags=tags, progress=lambda *_: None,
-                            tracking_dir=tracking)
+                            tracking_dir=unit_tracking_dir(metrics_path, cfg.report_to))
     last = history[-1] if history else {}
     return {"final": {k: v for k, v in last.items() if k.startswith("eval/")}, "steps": last.get("step", 0),
             "rollouts": last.get("rollout", 0)}

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from klear_lib import runs
 from klear_lib.data.tasks import Problem
+from klear_lib.experiment import unit_tracking_dir
 
 
 def write_samples(path: str | os.PathLike, samples: list[dict]) -> Path:
@@ -62,9 +63,8 @@ def sft_unit(*, start: str, data: str, stage: dict, problems: list[dict], evalua
     samples = read_samples(data)
     out = Path(metrics_path).with_suffix(".model")
     runs.set_seed(cfg.seed)
-    unit = Path(metrics_path)  # a tracker's files outlive the deleted model: <run dir>/tracking/<unit>
-    tracking = unit.parent.parent / "tracking" / unit.stem if cfg.report_to != "none" else None
-    model, tok = sft_from(start, samples, out, SFTStageConfig(**{**stage, "resume": False}), tracking_dir=tracking)
+    model, tok = sft_from(start, samples, out, SFTStageConfig(**{**stage, "resume": False}),
+                          tracking_dir=unit_tracking_dir(metrics_path, cfg.report_to))
     result = evaluate_heldout(model, tok, [Problem(**{**p, "operands": tuple(p["operands"])}) for p in problems],
                               **evaluation)
     shutil.rmtree(out, ignore_errors=True)
