@@ -22,7 +22,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("full", "lora")
+KINDS = ("full", "lora")  # trained through KlearGRPOTrainer under DDP
 G, PER_DEVICE, UPDATES, ROLLOUTS = 4, 4, 2, 2  # 2 processes x 4 completions = 2 prompts per optimizer step
 
 
@@ -32,6 +32,17 @@ def parity_reward(completions, **kw) -> list[float]:
     return [1.0 if len(c[-1]["content"]) % 2 == 0 else 0.0 for c in completions]
 
 
+def tiny_model_and_tokenizer():
+    from klear_lib import models
+    from klear_lib.data import tasks
+
+    train, _ = tasks.make_splits(0, 64, 4)
+    tok = models.build_tokenizer(tasks.corpus(train), vocab_size=300)
+    spec = models.TinyModelSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                intermediate_size=64)
+    return models.build_tiny_model(tok, spec, seed=0), tok, train
+
+
 def make_trainer(kind: str, out: Path, *, per_device: int):
     """The trainer both the ranks and the replay build (the replay with the union's batch size)."""
     from datasets import Dataset
@@ -39,17 +50,12 @@ def make_trainer(kind: str, out: Path, *, per_device: int):
     from transformers import PrinterCallback
     from trl import GRPOConfig
 
-    from klear_lib import models
     from klear_lib.data import tasks
     from klear_lib.losses import PolicyLossConfig
     from klear_lib.recipe import KlearLossConfig
     from klear_lib.train.rl import KlearGRPOTrainer
 
-    train, _ = tasks.make_splits(0, 64, 4)
-    tok = models.build_tokenizer(tasks.corpus(train), vocab_size=300)
-    spec = models.TinyModelSpec(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                intermediate_size=64)
-    model = models.build_tiny_model(tok, spec, seed=0)
+    model, tok, train = tiny_model_and_tokenizer()
     ds = Dataset.from_list([{"prompt": tasks.prompt_messages(p), "answer": p.answer} for p in train])
     args = GRPOConfig(
         output_dir=str(out / "trainer"), per_device_train_batch_size=per_device, steps_per_generation=UPDATES,
@@ -107,6 +113,8 @@ def spy(trainer) -> tuple[list, list]:
 def worker(kind: str, out: Path) -> None:
     """One rank: train, save what it trained on, its losses and its parameters."""
     rank = int(os.environ["RANK"])
+    if kind == "fsdp2":
+        return fsdp2_worker(out / kind, rank)
     trainer = make_trainer(kind, out / kind, per_device=PER_DEVICE)
     assert trainer.accelerator.num_processes == 2 and trainer.klear.logprob_backend == "klear"
     init = trainable(trainer)
@@ -176,6 +184,65 @@ def test_ddp_ranks_identical(kind, tmp_path):
     single = trainable(trainer)
     for name, value in r0["params"].items():
         assert torch.allclose(single[name], value, atol=2e-5), (name, float((single[name] - value).abs().max()))
+
+
+FSDP_IDS = (4, 10)  # (rows, length) of the scored batch; each rank scores half of the rows
+FSDP_KEEP = 5
+
+
+def fsdp_batch():
+    ids = torch.randint(3, 300, FSDP_IDS, generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # left padding
+    mask[3, -2:] = 0  # an early end
+    return ids, mask
+
+
+def fsdp2_worker(out: Path, rank: int) -> None:
+    """FSDP2 (``fully_shard`` per decoder layer and at the root, weights sharded over the two ranks): the klear
+    backend on this rank's rows, and the gradient FSDP reduce-scatters, gathered back to full tensors. (Through the
+    trainer FSDP cannot run here: accelerate 1.15 falls back to DDP on a CPU.)"""
+    from torch.distributed.fsdp import fully_shard
+
+    from klear_lib.train.rl import klear_token_stats
+
+    torch.distributed.init_process_group("gloo")
+    model, _, _ = tiny_model_and_tokenizer()
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    sharded = type(model.lm_head.weight).__name__
+    ids, mask = fsdp_batch()
+    rows = slice(rank * FSDP_IDS[0] // 2, (rank + 1) * FSDP_IDS[0] // 2)
+    logps, ent, _ = klear_token_stats(model, ids[rows], mask[rows], FSDP_KEEP, temperature=0.9)
+    (logps.sum() + 0.5 * ent.sum()).backward()
+    grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}  # averaged over the ranks by FSDP
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save({"logps": logps.detach(), "ent": ent.detach(), "grads": grads, "rows": rows, "sharded": sharded},
+               out / f"rank{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_fsdp2_klear_backend_equals_one_process(tmp_path):
+    """Under FSDP2 the klear backend sees the gathered weights and its gradients reach the sharded parameters: each
+    rank's log-probs and entropies, and the gradient FSDP averages over the ranks, equal one unsharded process on
+    the whole batch (the old backend failed here: the backbone ran on sharded weights)."""
+    from klear_lib.train.rl import klear_token_stats
+
+    runs = ddp_run("fsdp2", tmp_path)
+    model, _, _ = tiny_model_and_tokenizer()
+    ids, mask = fsdp_batch()
+    logps, ent, _ = klear_token_stats(model, ids, mask, FSDP_KEEP, temperature=0.9)
+    ((logps.sum() + 0.5 * ent.sum()) / 2).backward()  # the mean over two ranks of their sums
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    for r in (0, 1):
+        rec = torch.load(runs / "fsdp2" / f"rank{r}.pt", weights_only=False)
+        assert rec["sharded"] == "DTensor"
+        assert torch.allclose(rec["logps"], logps[rec["rows"]], atol=1e-5)
+        assert torch.allclose(rec["ent"], ent[rec["rows"]], atol=1e-5)
+        assert set(rec["grads"]) == set(grads)
+        for name, g in grads.items():
+            assert torch.allclose(rec["grads"][name], g, atol=1e-5), (name, float((rec["grads"][name] - g).abs().max()))
 
 
 if __name__ == "__main__":
