@@ -4,8 +4,11 @@ Samples are in TRL's conversational prompt-completion format (``prompt``: the us
 assistant turn), so ``completion_only_loss`` masks the prompt tokens out of the loss. Resumable: when the
 output directory holds a checkpoint and ``resume`` is set, training continues from the last one.
 
-``load_for_sft`` loads a hub model through unsloth's ``FastLanguageModel`` when unsloth is installed and a CUDA
-GPU is present (faster kernels, less memory), and through plain transformers otherwise.
+``load_for_sft`` loads a model through plain transformers, or through unsloth's ``FastLanguageModel`` (faster
+kernels, less memory; one CUDA GPU) when asked: ``use_unsloth=True`` / ``SFTStageConfig.use_unsloth``. unsloth is
+never switched on because it is installed: it patches transformers and TRL on import, and its releases that know
+transformers 5 pin trl 1.15.0, so it lives in its own environment (docs/scale.md). Trained weights are fp32 (master
+weights, AdamW state in fp32) with bf16 autocast where ``bf16`` is set, unless ``weights_dtype`` says bfloat16.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from transformers import PrinterCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
+from klear_lib import models
 from klear_lib.data.tasks import Problem, prompt_messages, teacher_solution
 from klear_lib.models import load_model_and_tokenizer
 
@@ -54,41 +58,61 @@ class SFTStageConfig:
     bf16: bool = False
     """bf16 autocast. TRL 1.16 turns it on by default, also on a CPU, where it is slower than fp32 and rounds
     log-probs by ~1e-3; the project's CPU presets train in fp32, GPU presets in bf16."""
+    weights_dtype: str = "float32"
+    """dtype of the trained weights and of AdamW's state when ``sft_from`` loads the start model: ``float32`` (fp32
+    master weights, bf16 compute through ``bf16``) or, only when set explicitly, ``bfloat16`` (updates below bf16's
+    resolution round away: most of them at lr 1e-6)."""
+    use_unsloth: bool = False
+    """Load the start model with unsloth (opt-in; one CUDA GPU and unsloth's own environment, docs/scale.md)."""
+
+    def __post_init__(self) -> None:
+        models.weights_dtype(self.weights_dtype, where="SFTStageConfig.weights_dtype")
+        if not isinstance(self.use_unsloth, bool):
+            raise TypeError(f"SFTStageConfig.use_unsloth must be true or false, got {self.use_unsloth!r}")
 
     @classmethod
     def from_experiment(cls, cfg, **changes) -> "SFTStageConfig":
         """The SFT stage of an experiment config (``RLExperimentConfig`` or ``SFTExperimentConfig``): its
-        ``sft_lr``, ``sft_epochs``, ``sft_batch_size``, ``seed``, ``use_cpu``, ``bf16`` (and ``max_length`` where
-        it has one), then ``changes``."""
+        ``sft_lr``, ``sft_epochs``, ``sft_batch_size``, ``seed``, ``use_cpu``, ``bf16`` (and ``max_length``,
+        ``weights_dtype``, ``use_unsloth`` where it has them), then ``changes``."""
         values = dict(learning_rate=cfg.sft_lr, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size,
                       seed=cfg.seed, use_cpu=cfg.use_cpu, bf16=cfg.bf16, report_to=getattr(cfg, "report_to", "none"))
-        if hasattr(cfg, "max_length"):
-            values["max_length"] = cfg.max_length
+        for name in ("max_length", "weights_dtype", "use_unsloth"):
+            if hasattr(cfg, name):
+                values[name] = getattr(cfg, name)
         return cls(**{**values, **changes})
 
 
 def unsloth_available() -> bool:
-    """unsloth is installed and a CUDA GPU is present (unsloth needs one; it refuses to import without)."""
+    """unsloth is installed and a CUDA GPU is present (unsloth needs one; it refuses to import without). Only checked
+    when unsloth was asked for: nothing switches it on by itself."""
     return torch.cuda.is_available() and importlib.util.find_spec("unsloth") is not None
 
 
-def load_for_sft(name_or_path: str | Path, *, max_length: int = 4096, bf16: bool = True,
-                 use_unsloth: bool | None = None, lora_rank: int = 0):
-    """A model and tokenizer to fine-tune: unsloth's ``FastLanguageModel`` (its fused kernels; full fine-tuning,
-    or LoRA adapters of rank ``lora_rank`` on every attention and MLP projection when it is > 0) where
-    ``unsloth_available()``, else ``klear_lib.models.load_model_and_tokenizer``. ``use_unsloth=None`` decides by
-    availability; True without unsloth is an error. RL uses it too (``train.launch``, ``unsloth: full|lora``)."""
-    if use_unsloth is None:
-        use_unsloth = unsloth_available()
-    dtype = torch.bfloat16 if bf16 else torch.float32
+def load_for_sft(name_or_path: str | Path, *, max_length: int = 4096, bf16: bool = True, use_unsloth: bool = False,
+                 lora_rank: int = 0, weights_dtype: str = "float32"):
+    """A model and tokenizer to fine-tune: ``klear_lib.models.load_model_and_tokenizer``, or, with
+    ``use_unsloth=True`` (an error where ``unsloth_available()`` is false), unsloth's ``FastLanguageModel``: its
+    fused kernels, full fine-tuning, or LoRA adapters of rank ``lora_rank`` on every attention and MLP projection
+    when it is > 0. RL uses it too (``train.launch``, ``unsloth: full|lora``).
+
+    The trained weights are in ``weights_dtype`` (float32: master weights; the trainer's ``bf16`` adds autocast):
+    the whole model for full fine-tuning, the adapters for LoRA, whose frozen base is loaded in bf16 when ``bf16``
+    is set (it is never updated)."""
+    if not isinstance(use_unsloth, bool):
+        raise TypeError(f"use_unsloth must be True or False (unsloth is opt-in, never chosen because it is "
+                        f"installed), got {use_unsloth!r}")
+    dtype = models.weights_dtype(weights_dtype)
     if not use_unsloth:
         return load_model_and_tokenizer(name_or_path, dtype=dtype)
     if not unsloth_available():
-        raise RuntimeError("use_unsloth=True needs unsloth installed (pip install -e '.[gpu]') and a CUDA GPU")
+        raise RuntimeError("use_unsloth=True needs unsloth installed (its own environment, docs/scale.md) and a "
+                           "CUDA GPU")
     from unsloth import FastLanguageModel  # imported late: it patches transformers on import
 
+    load_dtype = torch.bfloat16 if lora_rank > 0 and bf16 else dtype
     model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=str(name_or_path), max_seq_length=max_length, dtype=dtype, load_in_4bit=False,
+        model_name=str(name_or_path), max_seq_length=max_length, dtype=load_dtype, load_in_4bit=False,
         full_finetuning=lora_rank == 0,
     )
     if lora_rank > 0:
@@ -96,6 +120,7 @@ def load_for_sft(name_or_path: str | Path, *, max_length: int = 4096, bf16: bool
             model, r=lora_rank, lora_alpha=2 * lora_rank, use_gradient_checkpointing="unsloth",
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         )
+    models.trainable_to(model, dtype)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -174,7 +199,8 @@ def sft_from(start: str | Path, samples: list, output_dir: str | Path, cfg: SFTS
     ``cfg.report_to``'s tracker writes (see ``run_sft``)."""
     if not samples:
         raise ValueError(f"no samples to fine-tune on (output {output_dir})")
-    model, tokenizer = load_for_sft(start, max_length=cfg.max_length, bf16=cfg.bf16)
+    model, tokenizer = load_for_sft(start, max_length=cfg.max_length, bf16=cfg.bf16, use_unsloth=cfg.use_unsloth,
+                                    weights_dtype=cfg.weights_dtype)
     return run_sft(model, tokenizer, chat_rows(samples), output_dir, cfg, tracking_dir=tracking_dir), tokenizer
 
 
