@@ -307,9 +307,14 @@ def stage_logprob_backends(rec: dict, check_: Check, size: dict, work: Path, sta
     labels = ids.masked_fill(mask == 0, -100)
     labels[:, :-keep] = -100
     rec["tokens"] = 0
-    for mode in ("fp32", "bf16"):
-        _compare_backends(rec, model, ids, mask, labels, keep, T, device, mode)
-        rec["tokens"] += 2 * rows * length
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 here (TF32 would round both heads to 1e-3)
+    try:
+        for mode in ("fp32", "bf16"):
+            _compare_backends(rec, model, ids, mask, labels, keep, T, device, mode)
+            rec["tokens"] += 2 * rows * length
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     rec["tokens_kind"] = "tokens through forward and backward per second, both backends, fp32 and bf16"
 
 
