@@ -82,13 +82,14 @@ def causal_lm(model):
 
 
 @contextlib.contextmanager
-def _head_returns_token_stats(head, labels, logits_to_keep: int, temperature: float):
+def _head_returns_token_stats(head, labels, logits_to_keep: int, temperature: float, calls: list):
     """For the duration of the block, ``head(hidden)`` (the LM head module, called by the CausalLM's own forward)
     returns ``stack([log p(label), entropy], -1)`` (b, logits_to_keep, 2) from ``klear_lib.logprobs`` instead of
     logits. The head module is kept, only its ``forward`` is swapped: the hooks that DDP, DeepSpeed ZeRO-3 and FSDP
     put on the wrapped model and on the head (gather before the call, reduce after backward) still run."""
 
     def forward(hidden):  # (b, T, H): every position, since the CausalLM is called with logits_to_keep=0
+        calls.append(hidden.shape[0])
         # the hidden state at position t predicts token t + 1: keep the logits_to_keep positions before each
         # scored token
         h = hidden[:, -logits_to_keep - 1:-1]
@@ -137,8 +138,15 @@ def klear_token_stats(model, input_ids, attention_mask, logits_to_keep, *, tempe
     for start in range(0, input_ids.size(0), batch_size):
         ids, mask = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
         labels = ids[:, -logits_to_keep:].masked_fill(mask[:, -logits_to_keep:] == 0, IGNORE_INDEX)
-        with _head_returns_token_stats(head, labels, logits_to_keep, temperature), autocast():
+        calls = []
+        with _head_returns_token_stats(head, labels, logits_to_keep, temperature, calls), autocast():
             stats = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (b, logits_to_keep, 2)
+        if len(calls) != 1 or stats is None or tuple(stats.shape) != (ids.size(0), logits_to_keep, 2):
+            # a forward that computes its logits without calling the head module (a patched forward, e.g.
+            # unsloth's) would hand back logits, not these statistics: never read those as log-probs
+            raise RuntimeError(f"logprob_backend='klear': {type(inner).__name__}'s forward called its LM head module "
+                               f"{len(calls)} time(s) (expected once, returning (b, {logits_to_keep}, 2)); use "
+                               "logprob_backend='trl'")
         all_logps.append(stats[..., 0])
         all_ent.append(stats[..., 1])
     return torch.cat(all_logps), torch.cat(all_ent), None
