@@ -327,8 +327,8 @@ def test_klear_backend_calls_the_wrapped_model_peft_lora_included(tiny):
 
 
 def test_klear_backend_refuses_a_forward_that_bypasses_the_head_module(tiny):
-    """A forward that computes logits from the head's weight without calling the head module (as a patched forward
-    might) would hand back logits: refused, never read as log-probs."""
+    """A forward that computes logits from the head's weight without calling the head module, or one that changes
+    what the head returned (as a patched forward might), is refused: its output is never read as log-probs."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     from klear_lib.train.rl import klear_token_stats
@@ -343,6 +343,14 @@ def test_klear_backend_refuses_a_forward_that_bypasses_the_head_module(tiny):
     model.forward = forward
     ids = torch.randint(3, 50, (2, 6))
     with pytest.raises(RuntimeError, match="called its LM head module 0 time.*logprob_backend='trl'"):
+        klear_token_stats(model, ids, torch.ones_like(ids), 3)
+
+    def rounding_forward(input_ids=None, attention_mask=None, **kw):  # calls the head, casts what it returns
+        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return CausalLMOutputWithPast(logits=model.lm_head(hidden).to(torch.bfloat16).float())
+
+    model.forward = rounding_forward
+    with pytest.raises(RuntimeError, match="called its LM head module 1 time.*unchanged"):
         klear_token_stats(model, ids, torch.ones_like(ids), 3)
 
 

@@ -89,7 +89,6 @@ def _head_returns_token_stats(head, labels, logits_to_keep: int, temperature: fl
     put on the wrapped model and on the head (gather before the call, reduce after backward) still run."""
 
     def forward(hidden):  # (b, T, H): every position, since the CausalLM is called with logits_to_keep=0
-        calls.append(hidden.shape[0])
         # the hidden state at position t predicts token t + 1: keep the logits_to_keep positions before each
         # scored token
         h = hidden[:, -logits_to_keep - 1:-1]
@@ -98,7 +97,9 @@ def _head_returns_token_stats(head, labels, logits_to_keep: int, temperature: fl
             weight = weight.full_tensor()
         with torch.autocast(h.device.type, enabled=False):  # the chunked head computes in fp32 itself
             logps, ent = token_logprobs_and_entropy(h, weight, labels, temperature=temperature)
-        return torch.stack([logps, ent], dim=-1)
+        stats = torch.stack([logps, ent], dim=-1)
+        calls.append(stats.detach())  # to check that the CausalLM hands back exactly this
+        return stats
 
     saved = head.__dict__.get("forward")
     head.forward = forward
@@ -141,11 +142,12 @@ def klear_token_stats(model, input_ids, attention_mask, logits_to_keep, *, tempe
         calls = []
         with _head_returns_token_stats(head, labels, logits_to_keep, temperature, calls), autocast():
             stats = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (b, logits_to_keep, 2)
-        if len(calls) != 1 or stats is None or tuple(stats.shape) != (ids.size(0), logits_to_keep, 2):
-            # a forward that computes its logits without calling the head module (a patched forward, e.g.
-            # unsloth's) would hand back logits, not these statistics: never read those as log-probs
+        if len(calls) != 1 or stats is None or not torch.equal(stats.detach(), calls[0]):
+            # a forward that computes its logits without calling the head module, or that changes what the head
+            # returned (a cast to bf16, a scale: patched forwards such as unsloth's do), would hand back something
+            # else than these statistics: never read that as log-probs
             raise RuntimeError(f"logprob_backend='klear': {type(inner).__name__}'s forward called its LM head module "
-                               f"{len(calls)} time(s) (expected once, returning (b, {logits_to_keep}, 2)); use "
+                               f"{len(calls)} time(s) and must return what it returned unchanged; use "
                                "logprob_backend='trl'")
         all_logps.append(stats[..., 0])
         all_ent.append(stats[..., 1])
