@@ -4,6 +4,7 @@ CUDA machine are the pinned versions and close over their dependencies. Not a GP
 compare the CPU with itself."""
 
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -13,8 +14,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import gpu_check  # noqa: E402  (tools/ is no package: its path goes first)
+_spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "tools" / "gpu_check.py")  # tools/ is no package
+gpu_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu_check)
 
 RUN_STAGES = ("environment", "sft", "fp32_master_weights", "logprob_backends", "rl_hf", "gpu_tests")
 
@@ -72,7 +74,9 @@ def test_the_wheels_are_the_pins_and_close_over_their_dependencies():
     dependencies at the installed versions, and every Requires-Dist of each either among them or on a bare image."""
     pins = dict(re.findall(r'^\s*"([A-Za-z0-9_.-]+)==([^"]+)",', (ROOT / "pyproject.toml").read_text(), re.M))
     assert gpu_check.WHEELS["trl"] == pins["trl"] and gpu_check.WHEELS["datasets"] == pins["datasets"]
-    norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()  # noqa: E731
+    def norm(name: str) -> str:  # a distribution name as pip compares them
+        return re.sub(r"[-_.]+", "-", name).lower()
+
     wheels = {norm(k) for k in gpu_check.WHEELS}
     bare = {norm(b) for b in gpu_check.BARE_IMAGE}
     for name, version in gpu_check.WHEELS.items():
