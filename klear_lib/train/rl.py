@@ -144,7 +144,7 @@ def klear_token_stats(model, input_ids, attention_mask, logits_to_keep, *, tempe
             stats = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (b, logits_to_keep, 2)
         if len(calls) != 1 or stats is None or not torch.equal(stats.detach(), calls[0]):
             # a forward that computes its logits without calling the head module, or that changes what the head
-            # returned (a cast to bf16, a scale: patched forwards such as unsloth's do), would hand back something
+            # returned (a cast to bf16, a scale: a patched forward such as unsloth's can), would hand back something
             # else than these statistics: never read that as log-probs
             raise RuntimeError(f"logprob_backend='klear': {type(inner).__name__}'s forward called its LM head module "
                                f"{len(calls)} time(s) and must return what it returned unchanged; use "
