@@ -20,7 +20,10 @@ number given for a string parameter, e.g. ``-p seeds=1``, is taken as its text),
 ``config`` (which build and validate its config) are run once on the parameters, in this process, against a
 scratch run directory; the first error names the key, the value and what was expected. Ctrl-C marks the run
 ``interrupted`` (``status.json``) and prints one line; a failed or dead kernel is recorded in ``status.json``
-with its cause and the last cell.
+with its cause and the last cell. A full disk is one line too (what failed, the free space, the ``--resume``
+command), and a run does not start with less than ``runs.min_free_mb()`` free. Every file klear writes is written
+whole or not at all (``runs.write_atomic``), papermill's ``notebook.ipynb`` included. The kernel and the units'
+workers get ``KLEAR_RUN_OWNER`` (this process): they end, and record nothing more, when it dies by any signal.
 """
 
 from __future__ import annotations

@@ -202,8 +202,9 @@ def _init_worker(threads: int, parent: int = 0, owner: str | None = None, lock: 
         holder = open(lock, "a")  # noqa: SIM115 (held until this process is gone; the kernel then drops the lock)
         fcntl.flock(holder, fcntl.LOCK_SH)
         _HELD.append(holder)
-    signal.signal(signal.SIGTERM, _end_worker)  # the parent's terminate(): the unit's own processes go too
-    if parent:
+    if sys.platform != "win32":
+        signal.signal(signal.SIGTERM, _end_worker)  # the parent's terminate(): the unit's own processes go too
+    if parent and hasattr(signal, "SIGUSR1"):
         signal.signal(signal.SIGUSR1, _on_parent_signal)
         _parent_death_signal(signal.SIGUSR1)
         if not _lineage_alive():  # the parent died before the signal was armed
