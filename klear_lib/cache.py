@@ -103,6 +103,17 @@ def _set_aside(entry: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def _drop_stale_builds(entry: Path) -> None:
+    """Delete ``<key>.tmp-<pid>`` folders whose builder process is gone (a run killed while it trained)."""
+    for stale in entry.parent.glob(f"{entry.name}.tmp-*"):
+        try:
+            os.kill(int(stale.name.rsplit("-", 1)[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except (ValueError, PermissionError):
+            pass
+
+
 def ensure(cache_root: str | os.PathLike, key: str, made_by: Any, build: Callable[[Path], None], *,
            label: str, progress: Callable[[str], Any] = print) -> tuple[Path, bool]:
     """The model folder (``<cache root>/<key>/final``) of a verified entry, and whether it was reused.
@@ -118,6 +129,7 @@ def ensure(cache_root: str | os.PathLike, key: str, made_by: Any, build: Callabl
             return entry / MODEL_DIR, True
         progress(f"{label}: not reusing the cached model {entry}: {reason}; training it again")
         _set_aside(entry)
+    _drop_stale_builds(entry)
     work = entry.with_name(f"{key}.tmp-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     try:

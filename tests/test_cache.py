@@ -3,6 +3,7 @@ the manifest written last; every kind of damage (zeroed at the same size, trunca
 file, missing, extra, no or another manifest) is named in one line and the entry is built again."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -138,3 +139,17 @@ def test_a_failed_build_leaves_no_entry_and_no_temporary_folder(tmp_path):
     with pytest.raises(RuntimeError, match="out of memory"):
         ensure(tmp_path, fails)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_folder_of_a_build_killed_midway_is_removed_by_the_next_build(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"k1.tmp-{dead.pid}"
+    (stale / "final").mkdir(parents=True)  # what a run killed during its SFT leaves
+    live = tmp_path / f"k1.tmp-{os.getppid()}"  # a build in progress in a live process: left alone
+    live.mkdir()
+    ensure(tmp_path, Builder())
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["k1", live.name])

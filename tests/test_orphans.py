@@ -84,6 +84,45 @@ def test_sigkill_of_klear_run_mid_unit_leaves_no_process_and_no_late_done_mark(t
     assert marked(mark) == []  # and a run that ends normally leaves nothing either
 
 
+SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from klear_lib import experiment
+jobs = [experiment.Job(f"u/{n}", "jobfns:slow_unit", {"n": n, "steps": 30, "step_s": 1.0, "pad": 0, "children": True})
+        for n in range(2)]
+if __name__ == "__main__":
+    experiment.run_jobs(jobs, sys.argv[1], workers=2, progress=lambda *_: None)
+"""
+
+
+def test_sigkill_of_the_process_running_the_units_outside_klear_run_leaves_no_process(tmp_path, monkeypatch):
+    """Without ``klear run`` (a notebook in Jupyter: no KLEAR_RUN_OWNER), the parent's death alone ends the workers
+    and what they started (the parent-death signal and the watchdog on the parent)."""
+    monkeypatch.delenv(experiment.OWNER_ENV, raising=False)
+    mark = uuid.uuid4().hex
+    script = tmp_path / "units.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "run"), str(TESTS)],
+                            env={**os.environ, MARK: mark})
+    first = tmp_path / "run" / "units" / "u_0.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (first.exists() and first.stat().st_size > 0):
+        time.sleep(0.05)
+    assert first.exists(), "the first unit never wrote a record"
+    before = marked(mark)
+    proc.kill()
+    proc.wait(timeout=30)
+    killed_at = time.monotonic()
+    assert len(before) >= 5, before  # the parent, the tracker, 2 workers, the first unit's 2 children at least
+    while marked(mark) and time.monotonic() < killed_at + 10:
+        time.sleep(0.1)
+    left = marked(mark)
+    for pid, _ in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], f"{len(left)} processes left 10 s after the kill: {left}"
+    assert not list((tmp_path / "run" / "units").glob("*.json"))
+
+
 def test_a_resume_waits_for_the_workers_of_an_earlier_attempt(tmp_path):
     """A worker of an earlier attempt still alive (it holds units/.workers.lock) stops a resume with a clear
     error instead of running the same unit twice at once."""
