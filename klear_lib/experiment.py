@@ -196,11 +196,11 @@ def _init_worker(threads: int, parent: int = 0, owner: str | None = None, lock: 
         os.setpgid(0, 0)  # a group of its own: ending it ends what the unit started, and nothing else
     except OSError:
         pass
-    if lock is not None:
+    if lock is not None and (mode := _flock_mode("LOCK_SH")):
         import fcntl
 
         holder = open(lock, "a")  # noqa: SIM115 (held until this process is gone; the kernel then drops the lock)
-        fcntl.flock(holder, fcntl.LOCK_SH)
+        fcntl.flock(holder, mode)
         _HELD.append(holder)
     if sys.platform != "win32":
         signal.signal(signal.SIGTERM, _end_worker)  # the parent's terminate(): the unit's own processes go too
