@@ -20,7 +20,10 @@ number given for a string parameter, e.g. ``-p seeds=1``, is taken as its text),
 ``config`` (which build and validate its config) are run once on the parameters, in this process, against a
 scratch run directory; the first error names the key, the value and what was expected. Ctrl-C marks the run
 ``interrupted`` (``status.json``) and prints one line; a failed or dead kernel is recorded in ``status.json``
-with its cause and the last cell.
+with its cause and the last cell. A full disk is one line too (what failed, the free space, the ``--resume``
+command), and a run does not start with less than ``runs.min_free_mb()`` free. Every file klear writes is written
+whole or not at all (``runs.write_atomic``), papermill's ``notebook.ipynb`` included. The kernel and the units'
+workers get ``KLEAR_RUN_OWNER`` (this process): they end, and record nothing more, when it dies by any signal.
 """
 
 from __future__ import annotations
@@ -412,10 +415,15 @@ def _last_cell(output: pathlib.Path) -> dict:
     return {}
 
 
-def _write_status(run_dir: pathlib.Path, status: dict) -> None:
-    path = run_dir / STATUS_FILE
-    path.write_text(runs.to_json_text({**status, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n",
-                    encoding="utf-8")
+def _write_status(run_dir: pathlib.Path, status: dict) -> bool:
+    """Write ``status.json`` whole or not at all; False (nothing written) when the disk is full or unwritable:
+    the line klear prints says what happened either way."""
+    try:
+        runs.write_atomic(run_dir / STATUS_FILE,
+                          runs.to_json_text({**status, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n")
+    except OSError:
+        return False
+    return True
 
 
 def _finish_record(run_dir: pathlib.Path, clock: float) -> None:
@@ -429,7 +437,96 @@ def _finish_record(run_dir: pathlib.Path, clock: float) -> None:
         return
     record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     record["seconds"] = round(record.get("seconds_before", 0.0) + time.monotonic() - clock, 1)
-    path.write_text(runs.to_json_text(record, indent=2) + "\n", encoding="utf-8")
+    try:
+        runs.write_atomic(path, runs.to_json_text(record, indent=2) + "\n")
+    except OSError:  # a full disk: the record stays as it was at the start (the run's time is not known)
+        pass
+
+
+class DiskFull(NotebookFailed):
+    """The disk (or the quota) filled up during ``klear run``: one line saying what failed, the free space, and
+    the command that continues the run once there is space (every unit and run-level file written before is
+    whole: units are not redone)."""
+
+    def __init__(self, name: str, run_dir: pathlib.Path, cause: BaseException, what: str, *, resumable: bool):
+        super().__init__(name, run_dir / runs.NOTEBOOK_FILE, cause)
+        then = (f"free some space, then continue the run: klear run --resume {run_dir}" if resumable else
+                "nothing ran; free some space and run it again")
+        self.line = f"{name}: the disk is full ({what}); {runs.describe_free(run_dir)}; {then}"
+        Exception.__init__(self, self.line)
+
+    def __str__(self) -> str:
+        return self.line
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_FULL_PATH = re.compile(r"(?:No space left on device|Disk quota exceeded): '([^']+)'")
+
+
+def _disk_full_what(err: BaseException) -> str | None:
+    """What the full disk broke, from papermill's error (a cell raised: its text and traceback) or from an OSError
+    in this process; None when `err` is not about a full disk."""
+    text = _ANSI.sub("", "\n".join([str(getattr(err, "evalue", "") or ""), *(getattr(err, "traceback", None) or []),
+                                     str(err)]))
+    if not (runs.is_disk_full(err) or runs.is_disk_full(text)):
+        return None
+    cell = getattr(err, "exec_count", None)
+    found = _FULL_PATH.search(text)
+    where = f"writing {found.group(1)}" if found else (
+        f"writing {err.filename}" if isinstance(err, OSError) and err.filename else "a write failed")
+    if cell is not None:
+        where += f" in cell [{cell}], {getattr(err, 'ename', None) or type(err).__name__}"
+    return where
+
+
+def _check_free_space(path: pathlib.Path) -> None:
+    """KlearError (one line) when the filesystem of `path` has less than ``runs.min_free_mb()`` free."""
+    try:
+        need = runs.min_free_mb()
+    except ValueError as err:
+        raise KlearError(str(err)) from None
+    free = runs.free_bytes(path)
+    if free is not None and free < need * 1e6:
+        raise KlearError(f"only {free / 1e6:.1f} MB free on {path}; klear run needs {need:g} MB to start "
+                         f"({runs.MIN_FREE_ENV} sets the minimum)")
+
+
+_ATOMIC_PREFIXES: set[str] = set()
+
+
+def _write_notebook_atomically(run_dir: pathlib.Path) -> None:
+    """papermill rewrites the executed notebook after every cell with a plain ``open(path, "w")``: a full disk
+    left it cut mid-string. Its writes under ``run_dir`` go through ``runs.write_atomic`` instead (a papermill
+    I/O handler for that path prefix; no fsync, the notebook is rewritten often)."""
+    import papermill.iorw as iorw
+
+    prefix = f"{run_dir}{os.sep}"
+    if prefix in _ATOMIC_PREFIXES:
+        return
+
+    class AtomicLocalHandler(iorw.LocalHandler):
+        def write(self, buf, path):
+            runs.write_atomic(path, buf, fsync=False)
+
+    iorw.papermill_io.register(prefix, AtomicLocalHandler())
+    _ATOMIC_PREFIXES.add(prefix)
+
+
+@contextlib.contextmanager
+def _owning_the_run():
+    """``KLEAR_RUN_OWNER`` = this process, for the kernel and its unit workers (``klear_lib.experiment``): they
+    end, and record nothing more, when this process dies by any signal."""
+    from klear_lib import experiment
+
+    before = os.environ.get(experiment.OWNER_ENV)
+    os.environ[experiment.OWNER_ENV] = experiment.process_identity()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(experiment.OWNER_ENV, None)
+        else:
+            os.environ[experiment.OWNER_ENV] = before
 
 
 def run_notebook(
@@ -441,17 +538,20 @@ def run_notebook(
     progress_bar: bool = True,
     resume: str | os.PathLike | None = None,
 ) -> pathlib.Path:
-    """Execute a notebook with a preset into a new run directory and return it; NotebookFailed if it raised,
-    RunInterrupted on Ctrl-C. ``resume``: run again into that run directory, with the notebook, preset and
-    parameters its ``params.json`` recorded (``spec``, ``preset`` and ``overrides`` must not be given); the units
-    of work it finished are not redone (``klear_lib.experiment``)."""
+    """Execute a notebook with a preset into a new run directory and return it; NotebookFailed if it raised
+    (DiskFull, one line, when the disk filled up), RunInterrupted on Ctrl-C. ``resume``: run again into that run
+    directory, with the notebook, preset and parameters its ``params.json`` recorded (``spec``, ``preset`` and
+    ``overrides`` must not be given); the units of work it finished are not redone (``klear_lib.experiment``).
+    Refused (KlearError) with less than ``runs.min_free_mb()`` free on the output root."""
     import papermill
 
     if resume is not None:
+        _check_free_space(pathlib.Path(resume))
         run_dir, notebook, name, params, record = _resume_record(pathlib.Path(resume), layout)
         preset = record.get("preset", preset)
     else:
         notebook, name, params = _resolve(spec, preset, overrides, layout, dry_run=True)
+        _check_free_space(layout.output_root)
         try:
             run_dir = runs.create_run_dir(layout.output_root, name).resolve()
         except OSError as err:
@@ -460,25 +560,42 @@ def run_notebook(
         record = {"notebook": name, "notebook_path": str(notebook), "preset": preset, "params": params,
                   RUN_DIR_PARAM: str(run_dir), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     output = run_dir / runs.NOTEBOOK_FILE
-    (run_dir / runs.PARAMS_FILE).write_text(runs.to_json_text(record, indent=2) + "\n", encoding="utf-8")
+    try:
+        runs.write_atomic(run_dir / runs.PARAMS_FILE, runs.to_json_text(record, indent=2) + "\n")
+    except OSError as err:
+        what = _disk_full_what(err)
+        if what is None:
+            raise
+        if resume is None:
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()  # nothing was written in it
+        raise DiskFull(name, run_dir, err, what, resumable=resume is not None) from None
     (run_dir / STATUS_FILE).unlink(missing_ok=True)
     _warn_if_foreign_kernel()
+    _write_notebook_atomically(run_dir)
     clock, oom_before = time.monotonic(), _oom_kills()
     try:
-        papermill.execute_notebook(
-            str(notebook),
-            str(output),
-            parameters={**params, RUN_DIR_PARAM: str(run_dir)},
-            kernel_name=KERNEL_NAME,
-            progress_bar=progress_bar,
-            stdout_file=sys.stderr,  # stream the notebook's own progress lines (a long cell shows where it is)
-            cwd=str(layout.repo_root),
-        )
+        with _owning_the_run():
+            papermill.execute_notebook(
+                str(notebook),
+                str(output),
+                parameters={**params, RUN_DIR_PARAM: str(run_dir)},
+                kernel_name=KERNEL_NAME,
+                progress_bar=progress_bar,
+                stdout_file=sys.stderr,  # stream the notebook's own progress lines (a long cell shows where it is)
+                cwd=str(layout.repo_root),
+            )
     except KeyboardInterrupt:
         _write_status(run_dir, {"status": "interrupted", "cause": "Ctrl-C (SIGINT)", **_last_cell(output)})
         _finish_record(run_dir, clock)
         raise RunInterrupted(run_dir) from None
     except Exception as err:  # PapermillExecutionError, or a dead kernel: both leave `output` behind
+        full = _disk_full_what(err)
+        if full is not None:
+            _write_status(run_dir, {"status": "failed", "cause": "the disk is full", "error": full,
+                                    **_last_cell(output)})
+            _finish_record(run_dir, clock)
+            raise DiskFull(name, run_dir, err, full, resumable=True) from None
         dead = type(err).__name__ == "DeadKernelError" or "kernel died" in str(err).lower()
         oom_after = _oom_kills()
         status = {"status": "failed", "cause": "the kernel died" if dead else "a cell raised",
@@ -625,10 +742,7 @@ REPRODUCE_LOG = "reproduce.json"
 def _write_reproduce_log(layout: Layout, log: dict) -> None:
     """outputs/reproduce.json, rewritten after every notebook (a crash of reproduce itself keeps what ran)."""
     layout.output_root.mkdir(parents=True, exist_ok=True)
-    path = layout.output_root / REPRODUCE_LOG
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(runs.to_json_text(log, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    runs.write_atomic(layout.output_root / REPRODUCE_LOG, runs.to_json_text(log, indent=2) + "\n")
 
 
 def make_report(layout: Layout, preset: str = "tiny", *, progress_bar: bool = True) -> pathlib.Path:

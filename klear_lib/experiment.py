@@ -5,11 +5,24 @@ when it finishes, so that an interrupted run resumes without redoing them.
     results = run_jobs(jobs, run_dir, workers=2)
 
 Each job calls ``fn(**kwargs, metrics_path=...)`` in a worker process (``spawn``; the function must be importable,
-not defined in a notebook), writes its metric records to ``run_dir/units/<job>.jsonl`` and, when it returns, its
-result (a JSON-able dict) to ``run_dir/units/<job>.json``: that file is the job's "done" mark. On a second call
-with the same run directory, done jobs are skipped and their results read back; an unfinished job's partial
-records are discarded and it runs again. After every finished job, ``metrics.jsonl`` is rewritten from the done
-jobs' records in job order (atomically), so it never holds a record twice and always holds every finished job.
+not defined in a notebook) and writes its metric records to ``run_dir/units/<job>.jsonl``; when it returns, the
+parent writes its result (a JSON-able dict) to ``run_dir/units/<job>.json``: that file is the job's "done" mark.
+On a second call with the same run directory, done jobs are skipped and their results read back; an unfinished
+job's partial records are discarded and it runs again. After every finished job, ``metrics.jsonl`` is rewritten
+from the done jobs' records in job order (atomically), so it never holds a record twice and always holds every
+finished job.
+
+No orphans, no late marks. The chain is ``klear run`` -> papermill's kernel -> the workers -> whatever a unit
+starts. Each worker leads its own process group and ends it, with every process it started (those in their own
+session too, found through /proc), as soon as its parent or the run's owner is gone: the kernel's death reaches it
+as a parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGUSR1)``; it fires when the parent *thread* ends, so the
+handler checks that the parent process is gone), and a watchdog thread polls its parent and the owner
+(``KLEAR_RUN_OWNER``, set by ``klear run`` to its own pid and start time: the kernel outlives a killed
+``klear run`` by up to a second) every ``WATCH_S``; SIGTERM (the parent's ``terminate()``) ends it the same way.
+multiprocessing's resource tracker then exits too (it ends when the last process holding its pipe does). The done
+mark is written by the parent, and only while the owner lives. A run directory is driven by one ``run_jobs`` at a
+time (``units/.lock``), and a resume waits until no worker of an earlier attempt holds ``units/.workers.lock``, so
+two attempts never write the same unit.
 
 Why processes: the tiny model is too small for two threads to speed one run up much, but two runs at a time,
 one thread each, nearly double the throughput on two cores. Every job runs in a worker with ``threads`` torch
@@ -24,6 +37,9 @@ import json
 import multiprocessing
 import os
 import re
+import signal
+import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -71,7 +87,129 @@ def _paths(run_dir: Path, job: Job) -> tuple[Path, Path]:
     return units / f"{job.slug}.jsonl", units / f"{job.slug}.json"
 
 
-def _init_worker(threads: int) -> None:
+OWNER_ENV = "KLEAR_RUN_OWNER"  # "pid:start time" of the process whose death ends the run (`klear run` sets it)
+RUN_LOCK = ".lock"  # held (exclusively) by the run_jobs driving a run directory
+WORKERS_LOCK = ".workers.lock"  # held (shared) by every worker of that run_jobs, until the worker is gone
+WATCH_S = 0.25  # how often a worker checks that its parent and the run's owner live
+
+
+class RunBusy(RuntimeError):
+    """Another process drives this run directory, or workers of an earlier attempt still run in it."""
+
+
+class OwnerGone(RuntimeError):
+    """The process that owns the run (``KLEAR_RUN_OWNER``: ``klear run``) died; nothing more is recorded."""
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields 3.. of /proc/<pid>/stat (state, ppid, ...; the command name, which may hold spaces, is cut off)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_identity(pid: int | None = None) -> str:
+    """``"pid:start time"`` of a process (its start in clock ticks since boot, from /proc; empty where there is
+    no /proc): a recycled pid does not match it."""
+    pid = os.getpid() if pid is None else pid
+    stat = _proc_stat(pid)
+    return f"{pid}:{stat[19] if stat else ''}"
+
+
+def identity_alive(identity: str) -> bool:
+    """Whether the process named by ``process_identity`` still runs (a zombie, dead but not reaped, does not)."""
+    pid_text, _, start = identity.partition(":")
+    try:
+        pid = int(pid_text)
+        os.kill(pid, 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        pass
+    stat = _proc_stat(pid)
+    if stat is None:
+        return not start and not os.path.isdir("/proc")  # no /proc: the signal test is all there is
+    return stat[0] != "Z" and (not start or stat[19] == start)
+
+
+def run_owner() -> str | None:
+    """The run owner's identity from ``KLEAR_RUN_OWNER`` (None outside ``klear run``: a notebook in Jupyter)."""
+    return os.environ.get(OWNER_ENV) or None
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` in the process tree (children first), from /proc; [] without /proc."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if name.isdigit():
+            stat = _proc_stat(int(name))
+            if stat is not None:
+                children.setdefault(int(stat[1]), []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _end_worker(*_args) -> None:
+    """End this worker and everything it started: the processes below it (also those in a session of their own,
+    which a process-group kill misses), then its process group, itself included."""
+    me = os.getpid()
+    for pid in _descendants(me):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        if os.getpgid(0) == me:
+            os.killpg(me, signal.SIGKILL)
+    except OSError:
+        pass
+    os._exit(1)
+
+
+def _parent_death_signal(sig: int) -> None:
+    """``prctl(PR_SET_PDEATHSIG, sig)`` through ctypes (Linux; a no-op elsewhere). It fires when the thread that
+    started this process ends; ``_on_parent_signal`` checks that the parent process really is gone."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _init_worker(threads: int, parent: int = 0, owner: str | None = None, lock: str | None = None) -> None:
+    global _PARENT, _OWNER
+    _PARENT, _OWNER = parent, owner
+    try:
+        os.setpgid(0, 0)  # a group of its own: ending it ends what the unit started, and nothing else
+    except OSError:
+        pass
+    if lock is not None and (mode := _flock_mode("LOCK_SH")):
+        import fcntl
+
+        holder = open(lock, "a")  # noqa: SIM115 (held until this process is gone; the kernel then drops the lock)
+        fcntl.flock(holder, mode)
+        _HELD.append(holder)
+    if sys.platform != "win32":
+        signal.signal(signal.SIGTERM, _end_worker)  # the parent's terminate(): the unit's own processes go too
+    if parent and hasattr(signal, "SIGUSR1"):
+        signal.signal(signal.SIGUSR1, _on_parent_signal)
+        _parent_death_signal(signal.SIGUSR1)
+        if not _lineage_alive():  # the parent died before the signal was armed
+            _end_worker()
+        threading.Thread(target=_watch, name="klear-unit-watchdog", daemon=True).start()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
@@ -81,39 +219,82 @@ def _init_worker(threads: int) -> None:
     quiet()
 
 
-def _call(fn: str, kwargs: dict, metrics_path: str, result_path: str) -> dict:
+_PARENT, _OWNER = 0, None
+_HELD: list = []
+
+
+def _lineage_alive() -> bool:
+    return os.getppid() == _PARENT and (_OWNER is None or identity_alive(_OWNER))
+
+
+def _on_parent_signal(*_args) -> None:
+    if os.getppid() != _PARENT:  # the parent process is gone, not just the thread that started this one
+        _end_worker()
+
+
+def _watch() -> None:
+    while _lineage_alive():
+        time.sleep(WATCH_S)
+    _end_worker()
+
+
+def _call(fn: str, kwargs: dict, metrics_path: str) -> dict:
     module, name = fn.split(":")
     func = getattr(importlib.import_module(module), name)
     start = time.perf_counter()
     result = dict(func(**kwargs, metrics_path=metrics_path) or {})
     result["seconds"] = round(time.perf_counter() - start, 1)
-    tmp = result_path + ".tmp"
-    Path(tmp).write_text(runs.to_json_text(result, "result", sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, result_path)  # the done mark appears whole or not at all
+    runs.to_json_text(result, "result")  # a result that cannot be written fails here, in the unit
     return result
 
 
 def merge_metrics(run_dir: str | os.PathLike, jobs: list[Job]) -> int:
-    """Rewrite ``run_dir/metrics.jsonl`` from the records of the done jobs, in job order; returns the count."""
+    """Rewrite ``run_dir/metrics.jsonl`` from the records of the done jobs, in job order; returns the count.
+    Written whole or not at all (``runs.write_atomic``): on a full disk the previous file stays as it was."""
     run_dir = Path(run_dir)
     lines = []
     for job in jobs:
         metrics, result = _paths(run_dir, job)
         if result.is_file() and metrics.is_file():
             lines += [line for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
-    tmp = run_dir / (runs.METRICS_FILE + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    os.replace(tmp, run_dir / runs.METRICS_FILE)
+    runs.write_atomic(run_dir / runs.METRICS_FILE, "".join(line + "\n" for line in lines))
     return len(lines)
 
 
+def _lock(path: Path, mode: int, *, wait_s: float) -> Any:
+    """An open file holding ``flock(mode)`` on ``path``, tried for ``wait_s`` seconds; None if it stayed taken.
+    (No fcntl, as on Windows: a dummy, nothing is locked.)"""
+    try:
+        import fcntl
+    except ImportError:
+        return open(path, "a")  # noqa: SIM115
+    f = open(path, "a")  # noqa: SIM115 (returned to the caller, which closes it)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(f, mode | fcntl.LOCK_NB)
+            return f
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                f.close()
+                return None
+            time.sleep(0.1)
+
+
+def _check_owner(owner: str | None) -> None:
+    if owner is not None and not identity_alive(owner):
+        raise OwnerGone(f"the process that owns this run ({OWNER_ENV}={owner}: klear run) is gone: "
+                        "no more units are recorded")
+
+
 def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, threads: int = 1,
-             progress=print) -> dict[str, dict]:
+             progress=print, busy_wait_s: float = 30.0) -> dict[str, dict]:
     """Run ``jobs`` (``workers`` at a time, each with ``threads`` torch threads) and return ``{key: result}``.
 
     Done jobs (a result file in ``run_dir/units``) are not run again. The first failure stops the run: the jobs
     not yet started are cancelled, the running ones finish and are recorded, then ``JobFailed`` is raised with
-    the worker's traceback.
+    the worker's traceback. ``RunBusy`` when another ``run_jobs`` drives ``run_dir``, or when workers of an
+    earlier attempt still run there after ``busy_wait_s`` seconds; ``OwnerGone`` when ``klear run`` died.
     """
     run_dir = Path(run_dir)
     keys = [j.key for j in jobs]
@@ -124,7 +305,38 @@ def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, t
         raise ValueError("two job keys map to the same file name; make them differ in letters or digits")
     if workers < 1 or threads < 1:
         raise ValueError(f"workers and threads must be >= 1, got {workers}, {threads}")
-    (run_dir / UNITS_DIR).mkdir(parents=True, exist_ok=True)
+    owner = run_owner()
+    _check_owner(owner)
+    units = run_dir / UNITS_DIR
+    units.mkdir(parents=True, exist_ok=True)
+    driver = _lock(units / RUN_LOCK, _flock_mode("LOCK_EX"), wait_s=0.0)
+    if driver is None:
+        raise RunBusy(f"{run_dir} is being run by another process (it holds {units / RUN_LOCK}): "
+                      "let it finish, or end it, before running this directory again")
+    try:
+        return _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, owner)
+    finally:
+        driver.close()
+
+
+def _flock_mode(name: str) -> int:
+    try:
+        import fcntl
+    except ImportError:
+        return 0
+    return getattr(fcntl, name)
+
+
+def _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, owner) -> dict[str, dict]:
+    units = run_dir / UNITS_DIR
+    earlier = _lock(units / WORKERS_LOCK, _flock_mode("LOCK_EX"), wait_s=0.0)
+    if earlier is None:
+        progress(f"waiting up to {busy_wait_s:.0f}s for the workers of an earlier attempt to exit")
+        earlier = _lock(units / WORKERS_LOCK, _flock_mode("LOCK_EX"), wait_s=busy_wait_s)
+    if earlier is None:
+        raise RunBusy(f"workers of an earlier attempt are still running in {run_dir} (they hold "
+                      f"{units / WORKERS_LOCK}): end them before resuming, so that no unit is written twice")
+    earlier.close()  # no earlier worker lives: from here on, only this call's workers write in units/
     results: dict[str, dict] = {}
     todo = []
     for job in jobs:
@@ -143,18 +355,19 @@ def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, t
     failure = None
     ctx = multiprocessing.get_context("spawn")
     pool = cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
-                                  initargs=(threads,))
+                                  initargs=(threads, os.getpid(), owner, str(units / WORKERS_LOCK)))
     try:
         futures = {}
         for job in todo:
-            metrics, result = _paths(run_dir, job)
-            futures[pool.submit(_call, job.fn, job.kwargs, str(metrics), str(result))] = job
+            metrics, _ = _paths(run_dir, job)
+            futures[pool.submit(_call, job.fn, job.kwargs, str(metrics))] = job
         done_count = len(results)
         for fut in cf.as_completed(futures):
             job = futures[fut]
             try:
-                results[job.key] = fut.result()
+                result = fut.result()
             except Exception as err:  # noqa: BLE001 (reported with the job and re-raised below)
+                _check_owner(owner)  # a worker that ended itself because klear run died: say that instead
                 if failure is None:
                     detail = getattr(err, "__cause__", None) or err
                     text = "".join(traceback.format_exception(type(detail), detail, detail.__traceback__))
@@ -163,6 +376,9 @@ def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, t
                     for other in futures:
                         other.cancel()
                 continue
+            _check_owner(owner)  # the done mark is written only while the run's owner lives
+            runs.write_atomic(_paths(run_dir, job)[1], runs.to_json_text(result, "result", sort_keys=True) + "\n")
+            results[job.key] = result
             done_count += 1
             merge_metrics(run_dir, jobs)
             elapsed = time.perf_counter() - clock
@@ -171,7 +387,8 @@ def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, t
             progress(f"[{done_count:3d}/{len(jobs)}] {job.key} done in {results[job.key]['seconds']:.0f}s "
                      f"(elapsed {elapsed:.0f}s, about {left / 60:.1f} min left)")
     except BaseException:  # Ctrl-C above all: stop now; the running units are lost (redone on the next call)
-        # concurrent.futures has no public way to stop a running task: end its worker processes
+        # concurrent.futures has no public way to stop a running task: end its worker processes (SIGTERM, which
+        # each worker turns into the end of its process group and of everything it started)
         for proc in list(getattr(pool, "_processes", {}).values()):
             proc.terminate()
         pool.shutdown(wait=False, cancel_futures=True)

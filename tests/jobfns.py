@@ -18,3 +18,24 @@ def count_and_write(*, n: int, log: str, metrics_path: str, fail: bool = False) 
     import torch
 
     return {"n": n, "threads": torch.get_num_threads(), "pid": os.getpid(), "log_exists": Path(log).is_file()}
+
+
+def slow_unit(*, n: int, steps: int, step_s: float, pad: int, children: bool, metrics_path: str) -> dict:
+    """Write ``steps`` records ``step_s`` apart (each padded with ``pad`` bytes); with ``children``, keep two child
+    processes alive meanwhile (a plain one and one in its own session, which a process-group kill misses)."""
+    import subprocess
+    import sys
+    import time
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
+    kids = [subprocess.Popen(sleeper), subprocess.Popen(sleeper, start_new_session=True)] if children else []
+    try:
+        with runs.MetricsWriter(metrics_path) as w:
+            for i in range(steps):
+                w.write({"n": n, "i": i, "pad": "x" * pad})
+                time.sleep(step_s)
+    finally:
+        for kid in kids:
+            kid.kill()
+            kid.wait()
+    return {"n": n, "steps": steps}

@@ -206,7 +206,8 @@ def sft_from(start: str | Path, samples: list, output_dir: str | Path, cfg: SFTS
 
 @dataclass
 class WarmStart:
-    """The SFT start that every run of an RL notebook shares (``arithmetic_warm_start``)."""
+    """The SFT start that every run of an RL notebook shares (``arithmetic_warm_start``). ``model`` and
+    ``tokenizer`` are loaded from ``sft_dir``, whether it was trained by this call or found in the cache."""
 
     train: list
     heldout: list
@@ -224,21 +225,26 @@ WARM_START_FIELDS = ("model", "tiny_hidden", "tiny_layers", "vocab_size", "data_
 _WARM_START_SOURCES = ("data/tasks.py", "train/sft.py", "models.py")
 
 
-def warm_start_key(cfg) -> str:
-    """A digest of everything the SFT warm start of ``cfg`` depends on (``WARM_START_FIELDS``, the source of the
-    modules that build it, the versions of torch, transformers and trl): equal keys, interchangeable models."""
+def warm_start_payload(cfg) -> dict:
+    """Everything the SFT warm start of ``cfg`` depends on: ``WARM_START_FIELDS``, the sha256 of the source of the
+    modules that build it, the versions of torch, transformers and trl (recorded in the cache's manifest)."""
     import hashlib
-    import json
 
     from klear_lib import runs
 
     root = Path(__file__).resolve().parent.parent
-    payload = {
+    return {
         "fields": {f: getattr(cfg, f) for f in WARM_START_FIELDS},
         "source": {s: hashlib.sha256((root / s).read_bytes()).hexdigest() for s in _WARM_START_SOURCES},
         "versions": runs.package_versions(("torch", "transformers", "trl")),
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def warm_start_key(cfg) -> str:
+    """A digest of ``warm_start_payload(cfg)``: equal keys, interchangeable models."""
+    from klear_lib.cache import digest
+
+    return digest(warm_start_payload(cfg))[:16]
 
 
 def arithmetic_warm_start(cfg, out_dir: str | Path, *, cache_root: str | Path | None = None,
@@ -249,14 +255,18 @@ def arithmetic_warm_start(cfg, out_dir: str | Path, *, cache_root: str | Path | 
     evaluation protocol, with the fork / rest split.
 
     With ``cache_root``, the SFT model is trained once per ``warm_start_key(cfg)`` into ``cache_root/<key>`` and
-    reused by every later call (notebooks 03, 04, 06 and 07 share it); ``out_dir/sft_start.json`` records which.
-    Without it, the model is trained into ``out_dir``.
+    reused by every later call (notebooks 03, 04, 06 and 07 share it), after ``klear_lib.cache.verify`` checked
+    it against its manifest (a damaged or mismatched entry is trained again, with one line saying why);
+    ``out_dir/sft_start.json`` records the key and the evaluation. Without it, the model is trained into
+    ``out_dir``.
+
+    Same experiment on a hit and a miss: the model is always loaded from the saved folder, and the evaluation (and
+    every random stream after this call) starts from ``runs.set_seed(cfg.seed)``, not from what training left; a
+    run that reuses the cache gives the numbers of the run that trained it (``tests/test_warm_start.py``).
     """
-    import os
-    import shutil
     import time
 
-    from klear_lib import models, runs
+    from klear_lib import cache, models, runs
     from klear_lib.data import tasks
     from klear_lib.evaluation.heldout import evaluate_heldout, fork_probe
 
@@ -265,38 +275,39 @@ def arithmetic_warm_start(cfg, out_dir: str | Path, *, cache_root: str | Path | 
     facts = tasks.parse_fork_facts(cfg.fork_facts)
     train, heldout = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, cfg.level_list)
     out_dir = Path(out_dir)
-    key = warm_start_key(cfg)
-    folder = Path(cache_root) / key if cache_root is not None else out_dir
-    if cache_root is not None and (folder / "final").is_dir():
-        model, tokenizer = models.load_model_and_tokenizer(folder / "final", dtype=torch.float32)
-        progress(f"SFT start: reusing the cached model {folder} (key {key})")
-    else:
-        work = folder.with_name(f"{folder.name}.tmp-{os.getpid()}") if cache_root is not None else folder
+    payload = warm_start_payload(cfg)
+    key = cache.digest(payload)[:16]
+
+    def build(work: Path) -> None:
+        runs.set_seed(cfg.seed)
         model, tokenizer = models.model_for(cfg, tasks.corpus(train))
         progress(f"model: {cfg.model}, {models.count_parameters(model):,} parameters, vocabulary {len(tokenizer)}; "
                  f"SFT on {len(train)} teacher samples (fork facts {cfg.fork_facts or 'none'} written wrong "
                  f"{cfg.fork_wrong_rate:.0%} of the time)")
         samples = sft_samples(train, error_rate=cfg.sft_error_rate, seed=cfg.data_seed, fork_facts=facts,
                               fork_wrong_rate=cfg.fork_wrong_rate)
-        model = run_sft(model, tokenizer, samples, work, SFTStageConfig.from_experiment(cfg))
-        if cache_root is not None:
-            for sub in work.iterdir():  # keep the model only: checkpoints are not needed by anyone
-                if sub.name != "final":
-                    shutil.rmtree(sub) if sub.is_dir() else sub.unlink()
-            try:
-                os.replace(work, folder)  # atomic: a concurrent run finds a whole model or none
-            except OSError:  # another run got there first: use its model, drop ours
-                shutil.rmtree(work, ignore_errors=True)
+        run_sft(model, tokenizer, samples, work, SFTStageConfig.from_experiment(cfg))
+
+    if cache_root is not None:
+        final, _ = cache.ensure(cache_root, key, payload, build, label="SFT start", progress=progress)
+    else:
+        build(out_dir)
+        final = out_dir / "final"
+    try:
+        model, tokenizer = models.load_model_and_tokenizer(final, dtype=torch.float32)
+    except Exception as err:
+        raise RuntimeError(f"SFT start: cannot load the model in {final}: {type(err).__name__}: {err}") from err
+    runs.set_seed(cfg.seed)  # the start's sampled evaluation, and all that follows, from the config alone
     start = evaluate_heldout(model, tokenizer, heldout, n=cfg.eval_n, temperature=cfg.eval_temperature,
                              top_p=cfg.eval_top_p, max_new_tokens=cfg.max_completion_length, fork_facts=facts)
     if facts:
         start.update(fork_probe(model, tokenizer, facts))
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "sft_start.json").write_text(runs.to_json_text(
-        {"key": key, "model_dir": str(folder / "final"), "start": start}, "sft_start", indent=2) + "\n")
+    runs.write_atomic(out_dir / "sft_start.json", runs.to_json_text(
+        {"key": key, "model_dir": str(final), "start": start}, "sft_start", indent=2) + "\n")
     parts = "".join(f", {k.removeprefix('avg_at_n_')} {start[k]:.3f}" for k in ("avg_at_n_fork", "avg_at_n_rest")
                     if k in start)
     probe = f", p(right digit at the forks) {start['p_correct_fork']:.3f}" if "p_correct_fork" in start else ""
     progress(f"SFT start: held-out avg@{start['n']} at T {cfg.eval_temperature} = {start['avg_at_n']:.3f}{parts}{probe}"
              f" ({time.perf_counter() - clock:.0f}s)")
-    return WarmStart(train, heldout, tokenizer, model, folder / "final", start)
+    return WarmStart(train, heldout, tokenizer, model, final, start)
