@@ -12,21 +12,41 @@ export KLEAR_REQUIRE_VERL := 1
 
 .PHONY: reproduce test lab setup notebooks bench clean-venv
 
-# Create the venv if missing and install the pinned packages. torch==2.13.0 first: on these machines it is the
-# CPU wheel on disk, and installing it before anything else keeps pip from pulling a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+# Create the venv if missing and install the pinned packages. With Python 3.11 on Linux x86_64 (the project's
+# machines and CI) every version comes from the CPU environment's lock (docs/scale.md), torch first: its CPU build,
+# from pip's configured sources or else PyTorch's CPU index, so that pip never pulls the multi-GB CUDA build.
+# Elsewhere the versions come from pyproject.toml's pins (the same for the packages it names).
+CPU_LOCK := locks/cpu-py311.txt
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+VERL_VERSION := 0.9.1
+$(STAMP): pyproject.toml $(CPU_LOCK)
 	@# The code sandbox runs untrusted programs under Debian's bubblewrap: install it if it is missing.
 	@command -v bwrap >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,lab,verl-test]'
-	@# verl's policy-loss code for tests/test_verl.py, without its hydra dependency (it clashes with math-verify's
-	@# antlr build and breaks every pytest run through hydra's pytest plugin).
-	$(PY) -m pip install -q --no-deps verl==0.9.1
+	$(PY) -m pip install -q pip==26.3
+	@if $(PY) -c 'import platform, sys; sys.exit(not (sys.version_info[:2] == (3, 11) and sys.platform == "linux" \
+	      and platform.machine() == "x86_64"))'; then \
+	  torch=$$(grep '^torch==' $(CPU_LOCK)); set -ex; \
+	  $(PY) -m pip install -q $$torch 2>/dev/null || $(PY) -m pip install -q --extra-index-url $(TORCH_CPU_INDEX) $$torch; \
+	  $(PY) -m pip install -q -r $(CPU_LOCK); \
+	  $(PY) -m pip install -q --no-deps -e .; \
+	else \
+	  echo "not Python 3.11 on Linux x86_64: installing pyproject.toml's pins, not $(CPU_LOCK)"; \
+	  torch=$$(grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"'); set -ex; \
+	  $(PY) -m pip install -q $$torch+cpu 2>/dev/null || $(PY) -m pip install -q --extra-index-url $(TORCH_CPU_INDEX) \
+	    $$torch+cpu 2>/dev/null || $(PY) -m pip install -q $$torch; \
+	  $(PY) -m pip install -q -e '.[test,lab,verl-test]'; \
+	fi
+	@# verl's policy-loss code for tests/test_verl.py, in a folder of its own outside site-packages (the test puts it
+	@# on sys.path): pip neither sees nor checks it, so its hydra dependency (antlr4 4.9, which clashes with
+	@# math-verify's 4.13 build) is not needed and `pip check` passes. A verl in site-packages is from an older set-up.
+	@$(PY) -m pip uninstall -y -q verl 2>/dev/null || true
+	rm -rf $(VENV)/verl-nodeps
+	$(PY) -m pip install -q --no-deps --target $(VENV)/verl-nodeps verl==$(VERL_VERSION)
 	@# torchvision/torchaudio/torchcodec next to the CPU torch break `import transformers`: never keep them.
 	@$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(PY) -m pip check
 	@touch $@
 
 setup: $(STAMP)

@@ -4,9 +4,11 @@ aggregation over micro-batches and data-parallel ranks (the α term included), t
 flags, positive counts), verl's own group filter against ours on the same rewards, and the reward function; every
 verl internal relied on is pinned to the verl release it was written for.
 
-verl is installed by `make test` (`pip install --no-deps verl` plus the few packages its loss code imports; its
-hydra dependency is left out, see docs/environment notes). Without verl these tests skip, unless
-KLEAR_REQUIRE_VERL=1 (set by `make test`), where a missing verl is a failure.
+verl is installed by `make test` with `pip install --no-deps --target <venv>/verl-nodeps`, outside site-packages so
+that pip neither sees nor checks it (its hydra dependency is left out: its antlr4 clashes with math-verify's build);
+the few packages its loss code imports come with the `verl-test` extra. This module puts that folder on sys.path
+(and on PYTHONPATH for the subprocesses it starts); KLEAR_VERL_DIR names another. Without verl these tests skip,
+unless KLEAR_REQUIRE_VERL=1 (set by `make test`), where a missing verl is a failure.
 """
 
 import functools
@@ -22,9 +24,13 @@ import types
 import pytest
 import torch
 
+VERL_DIR = pathlib.Path(os.environ.get("KLEAR_VERL_DIR") or pathlib.Path(sys.prefix) / "verl-nodeps")
+if VERL_DIR.is_dir() and str(VERL_DIR) not in sys.path:
+    sys.path.append(str(VERL_DIR))  # before klear_lib.integrations.verl, which loads verl when it can find it
 if importlib.util.find_spec("verl") is None:
     if os.environ.get("KLEAR_REQUIRE_VERL") == "1":
-        raise RuntimeError("KLEAR_REQUIRE_VERL=1 but verl is not installed (make test installs it)")
+        raise RuntimeError(f"KLEAR_REQUIRE_VERL=1 but verl is not installed (neither importable nor in {VERL_DIR}; "
+                           "make test installs it there)")
     pytest.skip("verl is not installed", allow_module_level=True)
 
 import verl
@@ -33,6 +39,15 @@ from verl.workers.config import ActorConfig, PolicyLossConfig
 
 from klear_lib import losses
 from klear_lib.integrations import verl as kv
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _verl_dir_on_subprocess_path():
+    """The subprocesses these tests start import verl from the same folder."""
+    with pytest.MonkeyPatch.context() as mp:
+        if VERL_DIR.is_dir():
+            mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(VERL_DIR)])))
+        yield
 
 
 def actor_config(**kw):
