@@ -2,9 +2,10 @@
 # Klear's math RL stage on verl 0.9.1 + Ray with GPPO / GPPO+ERC / DAPO+ERC from klear_lib (docs/scale.md): the
 # actor loss pg_loss + α·positive_loss, and Klear's group filter through verl's own dynamic sampling.
 #
-# Environment: its own venv with `pip install -e '.[verl]' 'TransferQueue>=0.1.10' vllm` (verl's hydra clashes with
-# this project's default math-verify build, see pyproject.toml; TransferQueue is the store of verl 0.9.1's default
-# V1 trainer, which this script uses because only it filters groups). Multi-node: on every node, export the two
+# Environment: its own venv, `pip install -r locks/verl-py312.txt && pip install --no-deps -e .` (docs/scale.md,
+# "Environments": verl 0.9.1 needs transformers < 5.11 and hydra, whose antlr 4.9 clashes with this project's
+# default math-verify build; the lock holds TransferQueue, the store of verl 0.9.1's default V1 trainer, which this
+# script uses because only it filters groups). Multi-node: on every node, export the two
 # KLEAR/VERL variables below before `ray start --head` (head) / `ray start --address=<head ip>:6379` (workers), so
 # every Ray worker imports klear_lib.integrations.verl; then run this script on the head node.
 #
