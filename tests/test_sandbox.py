@@ -26,26 +26,32 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # --- the frame protocol and result assembly ----------------------------------------------------------------------
 
 def test_frames_round_trip_and_a_cut_frame_is_dropped():
-    a = sandbox_zygote.encode_frame(0, 256, 0, 0, 0, 0, 0.25, b"out\n\nx", b"", b"json [1]")
-    b = sandbox_zygote.encode_frame(1, 9, 1, 1, 1, 0, 2.0, b"1 2 3\n", b"err", b"")
+    a = sandbox_zygote.encode_frame(0, 256, 0.25, 0.125, b"out\n\nx", b"", b"json [1]\n")
+    b = sandbox_zygote.encode_frame(1, 9, 2.0, 1.5, b"1 2 3\n", b"err", b"", timed_out=True, overflow=True,
+                                    out_truncated=True, memory_exceeded=True)
     frames = sandbox_zygote.decode_frames(a + b + b[:-2])  # a third frame cut short: not reported
     assert len(frames) == 2
     assert frames[0] == {"i": 0, "status": 256, "timed_out": False, "overflow": False, "out_truncated": False,
-                         "err_truncated": False, "duration_s": 0.25, "out": b"out\n\nx", "err": b"",
-                         "result": b"json [1]"}
-    assert (frames[1]["i"], frames[1]["timed_out"], frames[1]["overflow"], frames[1]["out"], frames[1]["err"]) == \
-        (1, True, True, b"1 2 3\n", b"err")
+                         "err_truncated": False, "result_overflow": False, "memory_exceeded": False,
+                         "duration_s": 0.25, "cpu_s": 0.125, "out": b"out\n\nx", "err": b"", "result": b"json [1]\n"}
+    assert (frames[1]["i"], frames[1]["timed_out"], frames[1]["overflow"], frames[1]["memory_exceeded"],
+            frames[1]["cpu_s"], frames[1]["out"], frames[1]["err"]) == (1, True, True, True, 1.5, b"1 2 3\n", b"err")
+    assert sandbox_zygote.decode_frames(b"garbage header\n" + a) == []  # a malformed header ends the stream
 
 
 def test_results_decode_wait_statuses_and_fill_missing_tests():
     frames = sandbox_zygote.decode_frames(
-        sandbox_zygote.encode_frame(0, 3 << 8, 0, 0, 0, 0, 0.1, b"", b"", b"json {\"a\": [1, 2]}")
-        + sandbox_zygote.encode_frame(1, 11, 0, 0, 0, 0, 0.1, b"", b"", b"repr {1, 2}"))
+        sandbox_zygote.encode_frame(0, 3 << 8, 0.1, 0.1, b"", b"", b"json {\"a\": [1, 2]}\n")
+        + sandbox_zygote.encode_frame(1, 11, 0.1, 0.1, b"", b"", b"repr {1, 2}\n")
+        + sandbox_zygote.encode_frame(2, 0, 0.1, 0.1, b"", b"", b"json [1]\njson [2]\n")
+        + sandbox_zygote.encode_frame(3, 0, 0.1, 0.1, b"", b"", b"json [[[" + b"[" * 300 + b"\n"))
     raw = sandbox.Raw(returncode=-9, stdout=b"", stderr=b"killed", timed_out=True)
-    r0, r1, r2 = sandbox._results(frames, 3, raw, sandboxed=True)
+    r0, r1, r2, r3, r4 = sandbox._results(frames, 5, raw, sandboxed=True)
     assert (r0.returncode, r0.killed_by_signal, r0.returned, r0.value) == (3, None, True, {"a": [1, 2]})
     assert (r1.returncode, r1.killed_by_signal, r1.value, r1.value_is_json) == (128 + 11, 11, "{1, 2}", False)
-    assert r2.timed_out and "sandbox ended before this test finished: killed" in r2.stderr  # the host's deadline
+    assert (r2.returned, r2.value_is_json) == (True, False) and "not one line" in r2.value  # two records: neither
+    assert (r3.value_is_json, r3.value) == (False, "result nested 303 deep (more than 200)")
+    assert r4.timed_out and "sandbox ended before this test finished: killed" in r4.stderr  # the host's deadline
 
 
 def test_a_test_must_be_a_string_or_a_function_call():
@@ -96,12 +102,12 @@ def test_hang_crash_flood_and_exit_cost_only_their_own_test():
                           max_output_bytes=1 << 20)
     wall = time.monotonic() - t0
     assert [r.stdout for r in (rs[0], rs[6])] == ["fine a\n", "fine b\n"]
-    assert rs[1].timed_out and 1.0 <= rs[1].duration_s < 1.5 and rs[1].killed_by_signal == 9
+    assert rs[1].timed_out and 1.0 <= rs[1].cpu_s < 1.2 and rs[1].killed_by_signal == 9  # CPU time: load-proof
     assert rs[2].killed_by_signal == 11 and rs[2].returncode == 139 and not rs[2].timed_out
     assert rs[3].output_limit_exceeded and rs[3].stdout_truncated and len(rs[3].stdout) == 1 << 20
     assert rs[4].returncode == 3 and not rs[4].ok
-    assert rs[5].ok and 0.3 <= rs[5].duration_s < 1.0  # its own time, fork to exit
-    assert wall < 1.0 + 4.0  # one hang costs one timeout, not one per sibling
+    assert rs[5].ok and 0.3 <= rs[5].duration_s < 3.0 and rs[5].cpu_s < 0.2  # its own time, fork to exit
+    assert wall < rs[1].duration_s + 4.0  # one hang costs one timeout, not one per sibling
 
 
 @needs_bwrap
@@ -168,11 +174,12 @@ def test_the_hosts_backstop_ends_a_stuck_sandbox(monkeypatch):
     # The warm interpreter enforces each test's timeout; the host's deadline (startup budget + per-test slack) is
     # the backstop should the sandbox as a whole stall. Shrink it below one test's timeout to see it act.
     monkeypatch.setattr(sandbox, "STARTUP_BUDGET_S", 0.5)
-    monkeypatch.setattr(sandbox, "PER_TEST_SLACK_S", -2.5)  # budget: 0.5 + 2 x (3 - 2.5) = 1.5 s
+    # budget: 0.5 + 2 x (wall 3 + reset 5 - 7.5) = 1.5 s
+    monkeypatch.setattr(sandbox, "PER_TEST_SLACK_S", -7.5)
     already = set(children_of(os.getpid()))  # e.g. multiprocessing's resource tracker from an earlier test
     t0 = time.monotonic()
     program = "import sys, time\nif sys.stdin.read() == 'hang':\n    time.sleep(60)\nprint('ok')"
-    first, second = run_python_tests(program, ["quick", "hang"], timeout_s=3.0)
+    first, second = run_python_tests(program, ["quick", "hang"], timeout_s=3.0, wall_timeout_s=3.0)
     assert time.monotonic() - t0 < 2.5
     assert first.ok and first.stdout == "ok\n"  # its frame came before the kill
     assert second.timed_out and second.stderr.startswith("the sandbox ended before this test finished")
