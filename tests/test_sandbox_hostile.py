@@ -2,15 +2,17 @@
 
 Every test runs hostile programs through `run_python` / `run_python_tests` and asserts three things: the program
 did not get what it wanted (host files, secrets, sockets, network, kernel interfaces, surviving processes), it
-came back within its wall-clock backstop (`sandbox.wall_limit_s`) + 2 s per test, and the host is unchanged afterwards: the `host` fixture, used
-by every test, checks that the planted directory (a secret, hidden test data, a world-writable folder, a unix
-socket) is byte-identical, that nothing new appeared in $HOME or the repository, that no process of ours is
-left (zombies included), and that no socket server got a connection. Timeouts are short (1 s of CPU time) to
-keep this file fast. `pytest -s` prints the corpus size and the worst wall-time overrun.
+came back within its tests' wall-clock backstops (`sandbox.wall_limit_s`) + 2 s, and the host is unchanged
+afterwards: the `host` fixture, used by every test, checks that the planted directory (a secret, hidden test
+data, a world-writable folder, a unix socket) is byte-identical, that nothing new appeared in $HOME or the
+repository, that no process of ours is left (zombies included), and that no socket server got a connection.
+Timeouts are short (1 s of CPU time) to keep this file fast. `pytest -s` prints the corpus size and the worst
+wall-time overrun. The reward-level corpus (probes scored as training scores them) is test_reward_hostile.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -130,9 +132,10 @@ class Host:
         return n
 
 
-@pytest.fixture
-def host(tmp_path):
-    h = Host(tmp_path)
+@contextlib.contextmanager
+def host_unchanged(root: Path):
+    """A `Host` planted in `root`; on exit, assert it is unchanged (see the module docstring)."""
+    h = Host(root)
     before = h.state()
     # processes this test session already had (e.g. multiprocessing's resource tracker, started by an earlier test
     # that used a spawn pool, lives as long as pytest): not the hostile program's
@@ -145,6 +148,12 @@ def host(tmp_path):
     finally:
         for s in h.servers:
             s.close()
+
+
+@pytest.fixture
+def host(tmp_path):
+    with host_unchanged(tmp_path) as h:
+        yield h
 
 
 def assert_no_secret(h: Host, *results):
