@@ -15,7 +15,7 @@ import warnings
 
 import pytest
 
-from klear_lib.rewards import sandbox, sandbox_root, sandbox_zygote
+from klear_lib.rewards import sandbox, sandbox_cgroup, sandbox_root, sandbox_zygote
 from klear_lib.rewards.sandbox import FunctionCall, UnsafeSandboxWarning, run_python, run_python_tests
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None,
@@ -323,3 +323,116 @@ def test_unsafe_mode_runs_each_test_in_its_own_process(monkeypatch):
     assert [r.stdout.split()[:2] for r in rs] == [["1", "a"], ["1", "b"]]
     assert not rs[0].sandboxed and rs[0].stdout.split()[2] != "1"  # an ordinary process, not a namespace's pid 1
     assert sum(issubclass(w.category, UnsafeSandboxWarning) for w in caught) == 1
+
+
+# --- a fresh sandbox for every test ------------------------------------------------------------------------------
+
+def test_emptying_a_directory_survives_deep_trees_long_paths_and_locked_dirs(tmp_path):
+    # The walk holds directory descriptors: no recursion (3,000 levels), no path length limit (> PATH_MAX), and it
+    # gives back permissions a test took away; a symlink is removed, never followed.
+    top = tmp_path / "top"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not mine to remove")
+    top.mkdir()
+    (top / "main.py").write_text("kept")
+    fd = os.open(top, os.O_RDONLY)
+    for name, depth in (("d", 3000), ("x" * 200, 30)):
+        cur = os.dup(fd)
+        for _ in range(depth):
+            os.mkdir(name, dir_fd=cur)
+            nxt = os.open(name, os.O_RDONLY, dir_fd=cur)
+            os.close(cur)
+            cur = nxt
+        with open(os.open("leaf", os.O_WRONLY | os.O_CREAT, dir_fd=cur), "w") as f:
+            f.write("state")
+        os.close(cur)
+    os.close(fd)
+    (top / "locked").mkdir()
+    (top / "locked" / "f").write_text("x")
+    os.chmod(top / "locked", 0)
+    os.symlink(outside, top / "link")
+    assert sandbox_zygote._empty(str(top), str(top / "main.py"))
+    assert os.listdir(top) == ["main.py"]
+    assert (outside / "keep.txt").read_text() == "not mine to remove"
+
+
+@needs_bwrap
+def test_each_test_finds_the_sandbox_as_the_first_one_did():
+    # Files behind a deep tree or a long path, a locked directory, timestamps set by a chosen write: all gone or
+    # set back before the next test. SysV IPC and POSIX message queues cannot even be created (EPERM).
+    program = textwrap.dedent("""
+        import ctypes, os, sys, time
+        def stamp(p):
+            st = os.stat(p)
+            return (st.st_mode, st.st_mtime_ns, st.st_atime_ns)
+        print(stamp('/tmp'), stamp('/dev/shm'), stamp('/tmp/main.py'))  # before a listing moves the access times
+        print(sorted(os.listdir('/tmp')), os.listdir('/dev/shm'))
+        libc = ctypes.CDLL(None, use_errno=True)
+        print(libc.shmget(0, 4096, 0o1600), libc.msgget(0, 0o1600), libc.semget(0, 1, 0o1600), ctypes.get_errno())
+        if sys.stdin.read() == 'poison':
+            open('/tmp/main.py').read()  # moves its access time
+            os.chdir('/tmp')
+            for _ in range(1500):
+                os.mkdir('d'); os.chdir('d')
+            open('state', 'w').write('1')
+            os.mkdir('/dev/shm/locked'); open('/dev/shm/locked/f', 'w').write('1'); os.chmod('/dev/shm/locked', 0)
+            time.sleep(0.05)
+            os.mkdir('/tmp/e'); os.rmdir('/tmp/e')  # /tmp's modification time, at a moment of its choosing
+    """)
+    first, second = run_python_tests(program, ["poison", "check"], timeout_s=5)
+    assert first.ok, first.stderr
+    assert second.stdout == first.stdout  # the same listing, modes and timestamps; the same refusals
+    assert second.stdout.splitlines()[1:] == ["['main.py'] []", "-1 -1 -1 1"]
+
+
+@needs_bwrap
+def test_cpu_time_not_wall_time_decides_a_timeout():
+    # A test that sleeps uses no CPU: it meets the wall-clock backstop, not the CPU limit; one that computes meets
+    # the CPU limit, however slow the machine is (its cpu_s, not its duration, is at the limit).
+    program = "import sys, time\nif sys.stdin.read() == 's':\n    time.sleep(60)\nwhile True:\n    pass\n"
+    [sleeper] = run_python_tests(program, ["s"], timeout_s=0.5, wall_timeout_s=1.0)
+    [spinner] = run_python_tests(program, ["b"], timeout_s=0.5, wall_timeout_s=60.0)
+    assert sleeper.timed_out and sleeper.cpu_s < 0.2 and sleeper.duration_s >= 1.0
+    assert spinner.timed_out and 0.5 <= spinner.cpu_s < 1.0  # the per-process RLIMIT_CPU backstop is 2 s
+    assert sandbox.wall_limit_s(2.0) == 7.0
+
+
+# --- per-sample cgroups ----------------------------------------------------------------------------------------
+
+def test_cgroup_setup_can_be_turned_off_and_explains_itself(monkeypatch, tmp_path):
+    monkeypatch.setenv(sandbox_cgroup.ENV_VAR, "off")
+    assert sandbox_cgroup.setup() is None
+    assert sandbox_cgroup.status() == {"mode": "none", "why": "KLEAR_SANDBOX_CGROUP=off"}
+    monkeypatch.setenv(sandbox_cgroup.ENV_VAR, str(tmp_path))
+    assert sandbox_cgroup.setup() is None
+    assert "not a directory of a cgroup v2 hierarchy" in sandbox_cgroup.status()["why"]
+
+
+def test_cgroup_paths_follow_the_mount_root():
+    assert sandbox_cgroup._join(("/sys/fs/cgroup", "/"), "/a/b") == "/sys/fs/cgroup/a/b"
+    assert sandbox_cgroup._join(("/sys/fs/cgroup", "/a"), "/a/b") == "/sys/fs/cgroup/b"  # a bind-mounted subtree
+    assert sandbox_cgroup._join(("/sys/fs/cgroup", "/x"), "/a/b") is None  # outside what is mounted
+
+
+@needs_bwrap
+def test_a_sample_runs_in_its_own_cgroup_removed_after(monkeypatch):
+    monkeypatch.delenv(sandbox_cgroup.ENV_VAR, raising=False)
+    host = sandbox_cgroup.setup()
+    if host is None:
+        pytest.skip(f"no usable cgroup here: {sandbox_cgroup.status()['why']}")
+    made = []
+    real_init = sandbox_cgroup.SampleCgroup.__init__
+
+    def spy(self, h, memory_bytes):
+        real_init(self, h, memory_bytes)
+        made.append((list(self.dirs), memory_bytes))
+
+    monkeypatch.setattr(sandbox_cgroup.SampleCgroup, "__init__", spy)
+    r = run_python("print(open('/proc/self/cgroup').read())", memory_mb=300, tmpfs_mb=10, max_output_bytes=1 << 20)
+    [(dirs, memory_bytes)] = made
+    assert memory_bytes == sandbox.sample_memory_default_mb(300, 10, 1 << 20) << 20 == (300 + 20 + 3 + 128) << 20
+    assert all(not os.path.exists(d) for d in dirs)  # removed once the sandbox was waited for
+    name = os.path.basename(dirs[0])
+    inside = r.stdout
+    assert r.ok and (name in inside or "0::/\n" in inside)  # v1 shows the path; a v2 cgroup namespace shows /

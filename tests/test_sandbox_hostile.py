@@ -854,6 +854,15 @@ out["zygote"] = r.stdout.split()
 rs = run_python("import json, sys\njson.n = getattr(json, 'n', 0) + 1\ndef f(): return json.n\n"
                 "if __name__ == '__main__': print(json.n, sys.stdin.read())", ["a", FunctionCall("f"), "b"])
 out["isolation"] = [rs[0].stdout, rs[1].value, rs[2].stdout]
+# Without root the tests share the zygote's uid and own /tmp and main.py: what they change there is set back, or
+# no further test runs.
+RESET = ("import os, sys\nw = sys.stdin.read()\n"
+         "if w == 'chmod': os.chmod('/tmp', 0o700); os.chmod('/dev/shm', 0o755)\n"
+         "if w == 'xattr': os.setxattr('/tmp', 'user.progress', b'42')\n"
+         "if w == 'main': os.chmod('/tmp/main.py', 0o644); open('/tmp/main.py', 'a').write('#')\n"
+         "print(oct(os.stat('/tmp').st_mode), oct(os.stat('/dev/shm').st_mode), os.listxattr('/tmp'))")
+out["reset"] = {w: [(r.returncode, r.stdout, r.stderr[-120:]) for r in run_python(RESET, [w, "look"])]
+                for w in ("chmod", "xattr", "main")}
 out["overruns"] = overruns
 print(json.dumps(out))
 """.replace("%(syscall)r", repr(SYSCALL))
@@ -916,3 +925,10 @@ def test_non_root_caller_is_contained_too(host):
     assert out["seccomp"] == ["1"] * 5  # EPERM: the filter holds without root too
     assert out["zygote"] == ["blocked", "blocked"]  # the non-dumpable warm interpreter
     assert out["isolation"] == ["1 a\n", 1, "1 b\n"]
+    clean = "0o41777 0o41777 []\n"
+    assert out["reset"]["chmod"][1][:2] == [0, clean]  # the modes set back
+    for what in ("xattr", "main"):
+        if "not supported" in out["reset"][what][0][2]:
+            continue  # no user xattrs on this kernel's tmpfs (before Linux 6.6): nothing to leave
+        returncode, stdout, stderr = out["reset"][what][1]
+        assert (returncode, stdout) == (1, "") and stderr.startswith("not run: the sandbox could not be reset"), what
