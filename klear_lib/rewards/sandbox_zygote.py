@@ -173,15 +173,21 @@ def _run_test(job, code, test, i, meter):
     pidfd = posix.pidfd_open(pid)
     deadline = start + job["wall_s"]
     timed_out = overflow = exited = memory = False
+    polled = start  # a test that ends within its first POLL_S (most do) is metered once, at its end
     while not (exited or overflow):
-        left = deadline - time.monotonic()
-        cpu, memory = meter.poll(pid)
-        if left <= 0 or cpu > job["timeout_s"]:
+        now = time.monotonic()
+        if now - polled >= POLL_S:
+            polled = now
+            cpu, memory = meter.poll(pid)
+            if cpu > job["timeout_s"]:
+                timed_out = True
+                break
+            if memory:
+                break
+        if now >= deadline:
             timed_out = True
             break
-        if memory:
-            break
-        ready, _, _ = select.select([*readers, pidfd], [], [], min(left, POLL_S))
+        ready, _, _ = select.select([*readers, pidfd], [], [], min(deadline - now, POLL_S))
         exited = pidfd in ready
         for fd in ready:
             if fd in readers and not _read_some(fd, data[readers[fd]], cap):
