@@ -436,3 +436,21 @@ def test_a_sample_runs_in_its_own_cgroup_removed_after(monkeypatch):
     name = os.path.basename(dirs[0])
     inside = r.stdout
     assert r.ok and (name in inside or "0::/\n" in inside)  # v1 shows the path; a v2 cgroup namespace shows /
+
+
+def test_stale_sample_cgroups_of_dead_processes_are_removed(tmp_path, monkeypatch):
+    # A pool worker killed mid-sample leaves its (empty) cgroup; a later process removes it once it is old.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    old = time.time() - 2 * sandbox_cgroup.STALE_S
+    for name in (f"klear-sandbox-{dead}-0-aa", f"klear-sandbox-{dead}-1-bb", f"klear-sandbox-{os.getpid()}-0-cc",
+                 "other"):
+        (tmp_path / name).mkdir()
+        os.utime(tmp_path / name, (old, old))
+    (tmp_path / f"klear-sandbox-{dead}-1-bb" / "busy").mkdir()  # a cgroup with children is not empty: kept
+    os.utime(tmp_path / f"klear-sandbox-{dead}-1-bb", (old, old))
+    young = tmp_path / f"klear-sandbox-{dead}-2-dd"
+    young.mkdir()  # just made: maybe a process in another PID namespace is setting it up
+    sandbox_cgroup._remove_stale(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == sorted([f"klear-sandbox-{dead}-1-bb", f"klear-sandbox-{os.getpid()}-0-cc",
+                                                   "other", young.name])

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 
 ENV_VAR = "KLEAR_SANDBOX_CGROUP"
 PREFIX = "klear-sandbox-"
-STALE_S = 60.0  # an empty sample cgroup of a dead process, this old, is removed when a process sets up
+STALE_S = 60.0  # an empty sample cgroup of a dead process, this old, is removed (at set-up, and every ...)
+STALE_EVERY = 256  # ... so many samples: a pool worker killed mid-sample leaves its cgroup behind
 # Writes the shell's own pid (bwrap's, after the exec) into each cgroup.procs file given before "--".
 WRAPPER = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 WRAPPER_FAILED = 125
@@ -116,9 +117,16 @@ class SampleCgroup:
 
 
 def open_sample(memory_bytes: int) -> SampleCgroup | None:
-    """A cgroup for one sample capped at `memory_bytes`, or None where this machine has no usable cgroups."""
+    """A cgroup for one sample capped at `memory_bytes`, or None where this machine has no usable cgroups.
+    Every `STALE_EVERY` samples, the cgroups that killed processes left behind are removed too."""
     host = setup()
-    return SampleCgroup(host, memory_bytes) if host is not None else None
+    if host is None:
+        return None
+    cg = SampleCgroup(host, memory_bytes)
+    if next(_counter) % STALE_EVERY == 0:
+        for parent in dict.fromkeys(p for _, p in host.parents):
+            _remove_stale(parent)
+    return cg
 
 
 def setup() -> Host | None:

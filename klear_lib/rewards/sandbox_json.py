@@ -23,6 +23,7 @@ import decimal
 import itertools
 import json
 import math
+import re
 import reprlib
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ MAX_DEPTH = 200
 #: Integers with more decimal digits than this are `LongInt` (below Python's default limit of 4,300).
 LONG_DIGITS = 4000
 _LOG10_2 = math.log10(2)
+_LONG_RUN = re.compile(r"[0-9]{%d}" % (LONG_DIGITS + 1))
 _BRACKETS = bytes(range(256)).translate(None, b"[]{}")  # every byte but the four brackets: deleted by translate
 _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
@@ -90,13 +92,14 @@ def _int_or_long(text: str):
 
 
 def loads(text: str | bytes):
-    """``json.loads``, except that integers of more than `LONG_DIGITS` digits become `LongInt` (trusted text,
-    e.g. a record's tests; the fast C path first, the per-integer hook only when an integer was too long)."""
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        if "integer string conversion" not in str(e):
-            raise
+    """``json.loads``, except that integers of more than `LONG_DIGITS` digits become `LongInt`, whatever this
+    Python's own limit (the fast C path unless the text holds such a run of digits; then a hook per integer)."""
+    if _LONG_RUN.search(text if isinstance(text, str) else text.decode("utf-8", "replace")) is None:
+        try:
+            return json.loads(text)
+        except ValueError as e:
+            if "integer string conversion" not in str(e):
+                raise
     return json.loads(text, parse_int=_int_or_long)
 
 
