@@ -46,7 +46,7 @@ def report_corpus():
     yield
     if PROGRAMS:
         print(f"\nhostile corpus: {len(PROGRAMS)} programs, all contained; worst wall time = "
-              f"timeout {max(PROGRAMS):+.3f} s")
+              f"budget {max(PROGRAMS):+.3f} s")
 
 
 def run(code: str, **kw):
