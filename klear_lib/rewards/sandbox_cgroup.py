@@ -45,6 +45,7 @@ STALE_EVERY = 256  # ... so many samples: a pool worker killed mid-sample leaves
 WRAPPER = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 WRAPPER_FAILED = 125
 _counter = itertools.count()
+_unremoved: set[str] = set()
 
 
 class CgroupError(RuntimeError):
@@ -123,6 +124,9 @@ def open_sample(memory_bytes: int) -> SampleCgroup | None:
     if host is None:
         return None
     cg = SampleCgroup(host, memory_bytes)
+    for path in list(_unremoved):  # ours, still busy when their sample ended
+        _unremoved.discard(path)
+        _rmdir(path, tries=1)
     if next(_counter) % STALE_EVERY == 0:
         for parent in dict.fromkeys(p for _, p in host.parents):
             _remove_stale(parent)
@@ -292,15 +296,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _rmdir(path: str) -> None:
-    for _ in range(50):  # the last exits may take a moment to leave the cgroup
+def _rmdir(path: str, tries: int = 50) -> None:
+    """Remove a sample cgroup; one still busy after `tries` (the last exits may take a moment to leave it) is
+    retried when the next sample opens."""
+    for i in range(tries):
         try:
             os.rmdir(path)
             return
         except FileNotFoundError:
             return
         except OSError:
-            time.sleep(0.002)
+            if i + 1 < tries:
+                time.sleep(0.002)
+    _unremoved.add(path)
 
 
 def _read(d: str, name: str) -> str:
