@@ -291,5 +291,5 @@ def test_bad_arguments_fail_loudly():
 
 def test_every_reason_is_documented():
     assert set(REASONS) == {"all_passed", "some_passed", "none_passed", "timeout", "crashed", "no_code",
-                            "no_think_close"}
+                            "no_think_close", "judge_error"}
     assert MODES["soft"](4, 16) == 0.25 and MODES["signed"](4, 16) == -0.5 and MODES["hard"](15, 16) == 0.0

@@ -106,12 +106,14 @@ def _klear_rows(launch: LaunchConfig):
         pool = RewardPool(score_math, workers=launch.reward_workers, timeout_s=10.0, group_key="gold")
         reward = make_trl_reward_func(pool, {"gold": "gold"}, "math", completion_prefix=launch.completion_prefix)
     else:
-        from klear_lib.rewards.code import score_code
+        from klear_lib.rewards.code import failure_score, score_code
 
         rows = [{"prompt": r.prompt, "tests": r.ground_truth} for r in records]
-        pool = RewardPool(score_code, workers=launch.reward_workers, timeout_s=120.0)
+        mode = "soft"
+        pool = RewardPool(score_code, workers=launch.reward_workers, timeout_s=120.0,
+                          failure_score=failure_score(mode))  # a pool failure scores as an honest wrong answer
         reward = make_trl_reward_func(pool, {"tests": "tests"}, "code", completion_prefix=launch.completion_prefix,
-                                      score_kwargs={"mode": "soft"})
+                                      score_kwargs={"mode": mode})
     return rows, [reward], pool
 
 
