@@ -452,10 +452,12 @@ def _code_item(problem: BenchProblem, completion: str, prelude: str, options: di
 
 
 def _code_pool_options(problems: Sequence[BenchProblem], options: dict) -> dict:
-    """A per-item limit that covers every test's timeout (plus a second each and ten for the sandbox)."""
-    per_test = float(options.get("timeout_s", CodeRewardOptions.timeout_s)) + 1.0
+    """A per-item limit that covers the sandbox's own deadline for the most tests a problem has (plus start-up)."""
+    from klear_lib.rewards.sandbox import sample_budget_s
+
+    per_test = float(options.get("timeout_s", CodeRewardOptions.timeout_s))
     most = options.get("max_tests") or max((len(p.tests) for p in problems), default=1)
-    return {"timeout_s": most * per_test + 10.0}
+    return {"timeout_s": sample_budget_s(most, per_test) + 5.0}
 
 
 #: Reference §7: math judged by math-verify (correct iff ``score_math`` says ``correct``), with maj@n.

@@ -195,7 +195,7 @@ def run_python_tests(
            "cap": max_output_bytes, "preimport": True, "cpu_fd": -1, "cpu_v": 0, "oom_fd": -1,
            "mem_cap": sample_mb << 20,
            "limits": [math.ceil(timeout_s) + 1, memory_mb << 20, max_processes, max_file_mb << 20, max_open_files]}
-    budget = STARTUP_BUDGET_S + len(specs) * (wall_s + reset_s + PER_TEST_SLACK_S)
+    budget = sample_budget_s(len(specs), timeout_s, wall_timeout_s=wall_s)
     unsafe = unsafe_no_sandbox or os.environ.get(UNSAFE_ENV_VAR, "") not in ("", "0")
     if unsafe:
         global _unsafe_runs
@@ -262,6 +262,15 @@ def sandbox_status() -> dict:
         return {"available": False, "error": str(e)}
     return {"available": r.ok, "bwrap": _bwrap_path(), "uid_inside": r.stdout.strip(), "as_root": os.geteuid() == 0,
             "call_s": round(time.monotonic() - t0, 4), "cgroup": sandbox_cgroup.status()}
+
+
+def sample_budget_s(n_tests: int, timeout_s: float, *, wall_timeout_s: float | None = None) -> float:
+    """The host's deadline for one sample of `n_tests` tests at a CPU-time limit of `timeout_s` each: the
+    sandbox's start, then per test its wall-clock backstop, the reset budget and the slack. A caller's own limit
+    per sample (a reward pool's per-item timeout) must be at least this, so that a slow program is judged (a
+    wrong answer) before the caller gives up on it (a replaced worker)."""
+    wall_s = wall_limit_s(timeout_s) if wall_timeout_s is None else wall_timeout_s
+    return STARTUP_BUDGET_S + n_tests * (wall_s + timeout_s + RESET_EXTRA_S + PER_TEST_SLACK_S)
 
 
 def wall_limit_s(timeout_s: float) -> float:
