@@ -2,7 +2,7 @@
 
     klear list
     klear params 03_rl_clip_variants                              # every parameter with its value in each preset
-    klear run 03_rl_clip_variants --preset tiny -p seeds=0,1 -p rl_lr=1e-4
+    klear run 03_rl_clip_variants --preset tiny -p seeds=0,1 -p lrs=1.0e-4
     klear run --resume outputs/03_rl_clip_variants/<stamp>        # continue an interrupted run (units not redone)
     klear prepare 03 --preset smoke --out build/nb/03.ipynb      # inject parameters, don't execute (nbval)
     klear reproduce --preset tiny                                 # every notebook that has params/<nb>/tiny.yaml,
@@ -10,7 +10,7 @@
     klear report                                                  # outputs/report.html from every run under outputs/
 
 A preset is ``params/<notebook>/<preset>.yaml``: a flat mapping of the notebook's parameters. ``-p key=value``
-overrides one; the value is read as YAML (``-p seed=2`` is an int, ``-p lr=1e-4`` a float, ``-p name=abc``
+overrides one; the value is read as YAML (``-p seed=2`` is an int, ``-p lr=1.0e-4`` a float, ``-p name=abc``
 a string). Every key must be a parameter of the notebook's ``parameters``-tagged cell, and every notebook
 declares ``run_dir``: klear sets it to a fresh ``outputs/<notebook>/<stamp>`` folder, where the notebook
 writes its run directory (see klear_lib.runs) and papermill writes the executed ``notebook.ipynb``.
@@ -161,14 +161,51 @@ def parse_value(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
 
 
-def load_yaml_file(path: str | os.PathLike) -> Any:
+def load_yaml_file(path: str | os.PathLike, *, like_yaml_1_1: bool = False) -> Any:
     """A preset or config file, read as the CLI reads values (``1e-4`` is a float): one parser for the CLI's
-    presets and ``-p`` overrides and for ``klear_lib.train.launch``'s config files."""
-    with open(path, encoding="utf-8") as f:
-        try:
-            return yaml.load(f, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
-        except yaml.YAMLError as err:
-            raise KlearError(f"{path}: not valid YAML: {err}") from None
+    presets and ``-p`` overrides and for ``klear_lib.train.launch``'s config files.
+
+    ``like_yaml_1_1`` (presets: papermill reads them too, ``papermill -f``): the file must also read the same under
+    ``yaml.safe_load`` (YAML 1.1, papermill's reader), where ``4e-3`` is the string ``'4e-3'``; a file that differs
+    is refused, naming the key and a spelling both readers agree on (``0.004``, ``4.0e-3``)."""
+    try:
+        text = pathlib.Path(path).read_text(encoding="utf-8")
+        ours = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as err:
+        raise KlearError(f"{path}: not valid YAML: {err}") from None
+    differs = _first_difference(ours, yaml.safe_load(text)) if like_yaml_1_1 else None
+    if differs is not None:
+        where, value, other = differs
+        hint = f"; write {_float_text(value)}" if isinstance(value, float) and isinstance(other, str) else ""
+        raise KlearError(f"{path}: {where} is the {type(other).__name__} {other!r} under YAML 1.1 (yaml.safe_load, "
+                         f"papermill's reader) but the {type(value).__name__} {value!r} under klear's reader{hint}")
+    return ours
+
+
+def _float_text(value: float) -> str:
+    """A float as YAML 1.1 reads it back as a float: ``0.004`` -> ``4.0e-3``-style text with a dot."""
+    text = repr(value)
+    if "e" in text and "." not in text.split("e")[0]:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}.0e{exponent}"
+    return text
+
+
+def _first_difference(a: Any, b: Any, where: str = "") -> tuple[str, Any, Any] | None:
+    """The first place (``key``, ``key.sub``, ``key[2]``) where two loaded YAML documents differ in value or type."""
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        for key in a:
+            found = _first_difference(a[key], b[key], f"{where}.{key}" if where else str(key))
+            if found:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            found = _first_difference(x, y, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    return None if type(a) is type(b) and a == b else (where or "the document", a, b)
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
@@ -203,7 +240,7 @@ def _load_params_with_sources(
         if not presets:
             raise KlearError(f"no presets for notebook {name!r}: {params_dir / name} has no *.yaml")
         raise KlearError(f"no preset {preset!r} for {name}; its presets: {', '.join(presets)}")
-    loaded = load_yaml_file(path)
+    loaded = load_yaml_file(path, like_yaml_1_1=True)
     loaded = {} if loaded is None else loaded
     if not isinstance(loaded, dict):
         raise KlearError(f"{path}: a preset must be a mapping of parameter: value, got {type(loaded).__name__}")
@@ -271,11 +308,26 @@ def validate_params(
             )
 
 
-def _default_value(param: Mapping[str, Any]) -> Any:
+def notebook_default(param: Mapping[str, Any]) -> Any:
+    """The value of one of ``notebook_parameters``' entries (its default's source text, evaluated as a literal);
+    None when it is not a literal."""
     try:
         return ast.literal_eval(str(param.get("default")))
     except (ValueError, SyntaxError):
         return None
+
+
+_default_value = notebook_default
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two parameter values are the same: a bool only equals a bool, numbers compare as numbers (``3`` is
+    ``3.0``), anything else by ``==`` (``"1e-4"`` is not ``1e-4``)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    return type(a) is type(b) and a == b
 
 
 def check_types(params: Mapping[str, Any], declared: Mapping[str, Mapping[str, Any]], *, notebook: str = "the notebook",
