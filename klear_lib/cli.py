@@ -59,11 +59,11 @@ class KlearError(Exception):
 class NotebookFailed(Exception):
     """A notebook raised while papermill executed it; the partially executed copy is at `output`."""
 
-    def __init__(self, name: str, output: pathlib.Path, cause: BaseException):
+    def __init__(self, name: str, output: pathlib.Path, cause: BaseException, cell: int | None = None):
         self.name, self.output, self.cause = name, output, cause
         detail = getattr(cause, "evalue", None) or str(cause)
         ename = getattr(cause, "ename", None) or type(cause).__name__
-        cell = getattr(cause, "exec_count", None)
+        cell = getattr(cause, "exec_count", None) or cell  # In [N]: report.cell_number, as status.json has it
         where = f" in cell [{cell}]" if cell is not None else ""
         super().__init__(
             f"{name} failed{where}: {ename}: {detail}\n  partially executed notebook: {output}"
@@ -449,18 +449,21 @@ def _oom_kills() -> int | None:
 
 
 def _last_cell(output: pathlib.Path) -> dict:
-    """The cell papermill was executing (or that failed) in a partially executed notebook: index and first line."""
+    """The cell papermill was executing (or that failed) in a partially executed notebook: its number (``In [N]``,
+    ``report.cell_number``: the one numbering of the CLI, ``status.json`` and the report) and first line."""
     try:
         import nbformat
 
         nb = nbformat.read(str(output), as_version=4)
     except Exception:  # noqa: BLE001 (a notebook papermill never wrote)
         return {}
+    from klear_lib.report import cell_number
+
     for pos, cell in enumerate(nb.cells):
         state = ((cell.get("metadata") or {}).get("papermill") or {}).get("status")
         if state in ("running", "failed"):
             first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""
-            return {"cell": pos, "cell_source": first[:120], "cell_status": state}
+            return {"cell": cell_number(nb.cells, pos), "cell_source": first[:120], "cell_status": state}
     return {}
 
 
@@ -541,7 +544,7 @@ def run_notebook(
             status["cause"] = "the kernel died: out of memory (the cgroup's oom_kill count rose)"
         _write_status(run_dir, status)
         _finish_record(run_dir, clock)
-        raise NotebookFailed(name, output, err) from err
+        raise NotebookFailed(name, output, err, cell=status.get("cell")) from err
     _finish_record(run_dir, clock)
     return run_dir
 

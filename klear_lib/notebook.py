@@ -97,6 +97,33 @@ def parse_list(value: Any, name: str, cast: Callable[[str], Any] = str, *, allow
     return out
 
 
+def require(namespace: Mapping[str, Any], *, counts: tuple[str, ...] = (), positive: tuple[str, ...] = (),
+            non_negative: tuple[str, ...] = (), fractions: tuple[str, ...] = ()) -> None:
+    """Check the notebook parameters that no config dataclass holds, in its config cell (so ``klear run``'s dry
+    run and any Run All refuse a bad value before work): ``counts`` are integers >= 1 (worker counts, seeds of a
+    panel), ``positive`` numbers > 0, ``non_negative`` numbers >= 0, ``fractions`` numbers in [0, 1]. A ValueError
+    names the first parameter out of range, its value and what was expected."""
+    def number(key):
+        value = namespace[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key} = {value!r}: expected a number")
+        return value
+
+    for key in counts:
+        value = number(key)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} = {value!r}: expected an integer >= 1")
+    for key in positive:
+        if not number(key) > 0:
+            raise ValueError(f"{key} = {namespace[key]!r}: expected a number > 0")
+    for key in non_negative:
+        if not number(key) >= 0:
+            raise ValueError(f"{key} = {namespace[key]!r}: expected a number >= 0")
+    for key in fractions:
+        if not 0 <= number(key) <= 1:
+            raise ValueError(f"{key} = {namespace[key]!r}: expected a number in [0, 1]")
+
+
 BESIDE_PAPER_FIELDS = ("caption", "columns", "rows")
 
 

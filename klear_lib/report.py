@@ -119,30 +119,40 @@ def _seeds(params: Mapping, config: Mapping) -> list[int]:
     return []
 
 
-def _notebook_error(nb: Mapping) -> str | None:
-    """"<ename>: <evalue> (cell N)" for the first error output of an executed notebook, else None.
+def cell_number(cells: Sequence[Mapping], pos: int) -> int:
+    """The one number a cell goes by everywhere (``klear run``'s message, ``status.json``, the report): Jupyter's
+    ``In [N]``, the label JupyterLab shows beside the cell when the executed ``notebook.ipynb`` is opened. It is
+    the cell's execution count; a cell whose count was not saved yet (the kernel died while it ran) gets the count
+    papermill gives it, its 1-based place among the code cells (papermill runs them once each, in order)."""
+    count = cells[pos].get("execution_count")
+    return count if isinstance(count, int) and count > 0 else sum(
+        1 for c in cells[: pos + 1] if c.get("cell_type") == "code")
 
-    N is the cell's execution count (Jupyter's ``In [N]``, as `klear run` prints it), or its 1-based position
-    in the notebook when it has none. Cells tagged ``raises-exception`` fail on purpose and are skipped.
-    With no error output, a cell that papermill marked failed (a dead kernel) still counts.
+
+def _notebook_error(nb: Mapping) -> str | None:
+    """"<ename>: <evalue> (cell [N])" for the first error output of an executed notebook, else None.
+
+    N is ``cell_number``: Jupyter's ``In [N]``, as `klear run` prints it. Cells tagged ``raises-exception`` fail
+    on purpose and are skipped. With no error output, a cell that papermill marked failed (a dead kernel) still
+    counts.
     """
     cells = nb.get("cells") or []
-    for pos, cell in enumerate(cells, start=1):
+    for pos, cell in enumerate(cells):
         meta = cell.get("metadata") or {}
         if "raises-exception" in (meta.get("tags") or []):
             continue
-        where = cell.get("execution_count") or pos
+        where = f"[{cell_number(cells, pos)}]"
         for out in cell.get("outputs") or []:
             if out.get("output_type") == "error":
                 ename = str(out.get("ename", "Error"))
                 evalue = " ".join(_ANSI.sub("", str(out.get("evalue", ""))).split())
-                budget = MAX_ERROR_CHARS - len(ename) - len(f": ({where})") - 8
+                budget = MAX_ERROR_CHARS - len(ename) - len(f": (cell {where})") - 2
                 if len(evalue) > budget:
                     evalue = evalue[: max(budget, 20)] + "…"
                 return f"{ename}: {evalue} (cell {where})"
-    for pos, cell in enumerate(cells, start=1):
+    for pos, cell in enumerate(cells):
         if ((cell.get("metadata") or {}).get("papermill") or {}).get("status") == "failed":
-            return f"execution failed without an error output (cell {cell.get('execution_count') or pos})"
+            return f"execution failed without an error output (cell [{cell_number(cells, pos)}])"
     return None
 
 
@@ -194,7 +204,7 @@ def _status_text(recorded: Mapping) -> str:
     if recorded.get("error"):
         parts.append(str(recorded["error"]))
     if recorded.get("cell") is not None:
-        parts.append(f"last cell {recorded['cell']}: {recorded.get('cell_source', '')}")
+        parts.append(f"last cell [{recorded['cell']}]: {recorded.get('cell_source', '')}")
     return "; ".join(parts)
 
 

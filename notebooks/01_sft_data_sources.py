@@ -91,6 +91,8 @@ from klear_lib.train.sft import SFTStageConfig
 
 notebook.quiet()
 cfg = notebook.config_from(SFTExperimentConfig, globals())
+notebook.require(globals(), counts=("pool_per_source", "budget", "score_samples", "base_batch_size", "workers"),
+                 positive=("base_lr", "base_epochs"), fractions=("base_error_rate",))
 CONDITIONS = {"styles": notebook.parse_list(sources, "sources", allowed=teachers.STYLE_SOURCES)}
 POOLS = {"styles": teachers.STYLE_SOURCES, "defects": teachers.SOURCES}
 if defect_sources:

@@ -82,6 +82,8 @@ from klear_lib.train.sft import SFTStageConfig, sft_samples
 
 notebook.quiet()
 cfg = notebook.config_from(SFTExperimentConfig, globals())
+notebook.require(globals(), counts=("pool_size", "pass_samples", "base_batch_size", "workers"),
+                 positive=("base_lr", "base_epochs"), fractions=("late_share", "easy_above", "base_error_rate"))
 TEACHERS = {"near_miss": teachers.near_miss_matching(teachers.GRADED_TEACHER, late_share=late_share),
             "graded": teachers.GRADED_TEACHER}
 if teacher not in TEACHERS:

@@ -93,6 +93,8 @@ from klear_lib.config import RLExperimentConfig
 from klear_lib.train.sft import arithmetic_warm_start
 
 notebook.quiet()
+notebook.require(globals(), counts=("control_rollouts", "panel_seeds", "panel_groups", "workers"),
+                 fractions=("fork_threshold",))
 ARMS = {  # name -> the keys it changes (paper: DAPO clip 0.2/0.28, GPPO β 1; CE-GPPO β_l 0.5)
     "ppo_clip": dict(loss_name="ppo_clip"),
     "cispo": dict(loss_name="cispo"),

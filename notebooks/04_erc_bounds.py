@@ -89,6 +89,7 @@ from klear_lib.losses import ENTROPY_BUCKETS
 from klear_lib.train.sft import arithmetic_warm_start
 
 notebook.quiet()
+notebook.require(globals(), counts=("probe_prompts", "workers"), positive=("collapse_entropy_factor",))
 DAPO = dict(loss_name="ppo_clip", clip_ratio_low=0.2, clip_ratio_high=0.28)
 GPPO = dict(loss_name="gppo", clip_ratio_low=0.2, clip_ratio_high=0.2)  # the ERC paper's GPPO setting
 ARMS = {

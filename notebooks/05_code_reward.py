@@ -85,6 +85,7 @@ from klear_lib.train import sft_jobs
 from klear_lib.train.sft import SFTStageConfig
 
 notebook.quiet()
+notebook.require(globals(), counts=("branches", "reward_workers", "workers"), positive=("test_timeout_s",))
 base = notebook.config_from(RLExperimentConfig, globals(), loss_name="gppo", fork_facts="")
 mode_list = notebook.parse_list(reward_modes, "reward_modes", allowed=("soft", "hard", "signed"))
 filter_list = notebook.parse_list(filter_rules, "filter_rules", allowed=("dapo", "klear"))

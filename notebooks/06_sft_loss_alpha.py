@@ -70,6 +70,7 @@ from klear_lib.config import RLExperimentConfig
 from klear_lib.train.sft import arithmetic_warm_start
 
 notebook.quiet()
+notebook.require(globals(), counts=("workers",))
 alpha_list = notebook.parse_list(alphas, "alphas", float)
 seed_list = notebook.parse_list(seeds, "seeds", int)
 base = notebook.config_from(RLExperimentConfig, globals(), loss_name="gppo")  # Klear's loss; α varies below

@@ -106,6 +106,8 @@ def pairs(text, what):
 
 
 quiet()
+notebook.require(globals(), counts=("original_context", "batch_size", "judge_workers"),
+                 non_negative=("n", "limit", "yarn_factor", "top_k", "seed"))
 bench_names = [b.strip() for b in benchmarks.split(",") if b.strip()]
 unknown = [b for b in bench_names if b not in B.BENCHMARKS]
 if unknown:
