@@ -519,6 +519,10 @@ def run_notebook(
     (run_dir / STATUS_FILE).unlink(missing_ok=True)
     _warn_if_foreign_kernel()
     clock, oom_before = time.monotonic(), _oom_kills()
+    # The kernel inherits these: the notebook's preset.json names klear as its launcher and compares the parameters
+    # with the presets klear read them from (klear_lib.notebook.start_run).
+    kernel_env = contextlib.ExitStack()
+    kernel_env.enter_context(_environ({"KLEAR_LAUNCHER": "klear run", "KLEAR_PARAMS_DIR": str(layout.params_dir)}))
     try:
         papermill.execute_notebook(
             str(notebook),
@@ -545,8 +549,25 @@ def run_notebook(
         _write_status(run_dir, status)
         _finish_record(run_dir, clock)
         raise NotebookFailed(name, output, err, cell=status.get("cell")) from err
+    finally:
+        kernel_env.close()
     _finish_record(run_dir, clock)
     return run_dir
+
+
+@contextlib.contextmanager
+def _environ(values: Mapping[str, str]):
+    """Set environment variables for the duration of a block, then put back what was there."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _resume_record(run_dir: pathlib.Path, layout: Layout):

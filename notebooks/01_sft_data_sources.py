@@ -108,7 +108,7 @@ if selection_rule not in PICKS:
 seed_list = notebook.parse_list(seeds, "seeds", int)
 stage = SFTStageConfig.from_experiment(cfg)
 base_stage = SFTStageConfig.from_experiment(cfg, learning_rate=base_lr, epochs=base_epochs, batch_size=base_batch_size)
-run_path = notebook.start_run("01_sft_data_sources", run_dir, {
+run_path = notebook.start_run("01_sft_data_sources", run_dir, params=globals(), config={
     "config": cfg, "sources": {c: {s: POOLS[c][s].to_dict() for s in names} for c, names in CONDITIONS.items()},
     "top_k": {c: K_LISTS[c] for c in CONDITIONS}, "seeds": seed_list, "selection_rule": selection_rule,
     "pool_per_source": pool_per_source, "budget": budget, "score_samples": score_samples, "workers": workers,

@@ -99,7 +99,7 @@ base_level_list = tuple(notebook.parse_list(base_levels, "base_levels", int, all
 hardest = max(cfg.level_list)
 stage = SFTStageConfig.from_experiment(cfg)
 base_stage = SFTStageConfig.from_experiment(cfg, learning_rate=base_lr, epochs=base_epochs, batch_size=base_batch_size)
-run_path = notebook.start_run("02_sft_accuracy_filtering", run_dir, {
+run_path = notebook.start_run("02_sft_accuracy_filtering", run_dir, params=globals(), config={
     "config": cfg, "teacher": spec.to_dict(), "subsets": subset_list, "modes": mode_list, "seeds": seed_list,
     "pool_size": pool_size, "pass_samples": pass_samples, "easy_above": easy_above, "workers": workers,
     "base": dict(levels=base_level_list, error_rate=base_error_rate, stage=base_stage), "sft_stage": stage})

@@ -113,7 +113,7 @@ base = notebook.config_from(RLExperimentConfig, globals(), sft_alpha=0.0)  # α 
 # (arm, lr) pairs: every arm at the first learning rate, the lr_variants at the others too
 pairs = [(a, lr) for i, lr in enumerate(lr_list) for a in arm_list if i == 0 or a in lr_arms]
 configs = {(a, lr): base.replace(**ARMS[a], rl_lr=lr) for a, lr in pairs}  # validates each arm
-run_path = notebook.start_run("03_rl_clip_variants", run_dir, {
+run_path = notebook.start_run("03_rl_clip_variants", run_dir, params=globals(), config={
     "base": base, "arms": {a: ARMS[a] for a in arm_list}, "lrs": lr_list, "lr_arms": lr_arms, "seeds": seed_list,
     "fork_threshold": fork_threshold, "control_rollouts": control_rollouts, "panel_seeds": panel_seeds,
     "panel_groups": panel_groups, "workers": workers})

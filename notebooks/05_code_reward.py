@@ -94,7 +94,7 @@ if not {"soft", "hard"} <= set(mode_list):
     raise ValueError(f"reward_modes = {reward_modes!r}: the claims compare soft with hard; both must run")
 ARMS = {f"{m}/{f}": dict(reward_mode=m, filter_rule=f) for f in filter_list for m in mode_list}
 configs = {a: base.replace(filter_rule=v["filter_rule"]) for a, v in ARMS.items()}  # validates every arm
-run_path = notebook.start_run("05_code_reward", run_dir, {
+run_path = notebook.start_run("05_code_reward", run_dir, params=globals(), config={
     "base": base, "arms": ARMS, "seeds": seed_list, "branches": branches, "reward_workers": reward_workers,
     "test_timeout_s": test_timeout_s, "workers": workers})
 print(f"run dir: {run_path}")

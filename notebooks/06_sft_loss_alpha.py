@@ -75,8 +75,8 @@ alpha_list = notebook.parse_list(alphas, "alphas", float)
 seed_list = notebook.parse_list(seeds, "seeds", int)
 base = notebook.config_from(RLExperimentConfig, globals(), loss_name="gppo")  # Klear's loss; α varies below
 configs = {f"alpha={a:g}": base.replace(sft_alpha=a) for a in alpha_list}  # validates every α (>= 0)
-run_path = notebook.start_run("06_sft_loss_alpha", run_dir, {"base": base, "alphas": alpha_list, "seeds": seed_list,
-                                                             "workers": workers})
+run_path = notebook.start_run("06_sft_loss_alpha", run_dir, params=globals(), config={
+    "base": base, "alphas": alpha_list, "seeds": seed_list, "workers": workers})
 print(f"run dir: {run_path}")
 print(f"{len(alpha_list)} values of α x {len(seed_list)} seeds; {base.rollouts} rollouts of up to "
       f"{base.updates_per_rollout} updates")

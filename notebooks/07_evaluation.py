@@ -128,11 +128,10 @@ base = RLExperimentConfig.from_params(dict(
 protocol = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k or None,
                           repetition_penalty=repetition_penalty, max_new_tokens=max(budget_list), seed=seed)
 
-run_path = notebook.start_run("07_evaluation", run_dir, {"seed": seed, "benchmarks": bench_names,
-                                                         "benchmark_paths": paths, "checkpoints": ckpts,
-                                   "train_tiny": train_tiny, "tiny": base, "engine": engine, "n": n,
-                                   "budgets": budget_list, "yarn_factor": yarn_factor,
-                                   "original_context": original_context, "protocol": protocol, "limit": limit})
+run_path = notebook.start_run("07_evaluation", run_dir, params=globals(), config={
+    "seed": seed, "benchmarks": bench_names, "benchmark_paths": paths, "checkpoints": ckpts, "train_tiny": train_tiny,
+    "tiny": base, "engine": engine, "n": n, "budgets": budget_list, "yarn_factor": yarn_factor,
+    "original_context": original_context, "protocol": protocol, "limit": limit})
 print(f"run dir: {run_path}")
 
 # %% [markdown]
