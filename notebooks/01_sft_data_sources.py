@@ -234,7 +234,8 @@ table = plots.seed_summary(df, "eval/avg_at_n", by=["condition", "variant"])
 table.insert(0, "sources", df.groupby(["condition", "variant"], sort=False)["sources"].first())
 for col in ("samples", "teacher_correct", levels_[-1]):
     table[col] = df.groupby(["condition", "variant"], sort=False)[col].mean()
-display(table.style.format({c: "{:.3f}" for c in ("mean", "std", "min", "max", "teacher_correct", levels_[-1])}))
+display(table.style.format({c: "{:.3f}" for c in ("mean", "std", "min", "max", "teacher_correct", levels_[-1])},
+                          na_rep="–"))  # std: none with one seed
 
 # %% [markdown]
 # ## The claims

@@ -190,7 +190,8 @@ table = plots.seed_summary(df, "eval/avg_at_n", by=["subset", "mode"])
 table["hardest level"] = df.groupby(["subset", "mode"], sort=False)[hard_key].mean()
 table["hardest std"] = df.groupby(["subset", "mode"], sort=False)[hard_key].std()
 table["samples"] = df.groupby(["subset", "mode"], sort=False)["samples"].first()
-display(table.style.format({c: "{:.3f}" for c in ("mean", "std", "min", "max", "hardest level", "hardest std")}))
+display(table.style.format({c: "{:.3f}" for c in ("mean", "std", "min", "max", "hardest level", "hardest std")},
+                          na_rep="–"))  # std: none with one seed
 
 # %% [markdown]
 # ## The claims

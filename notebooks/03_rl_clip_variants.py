@@ -273,20 +273,21 @@ print(f"ppo_clip clips {ppo_clip_frac:.2f}% of response tokens on average (low +
 
 # %%
 ev = df.dropna(subset=["eval/avg_at_n_fork"])
+censored_at = base.rollouts + base.eval_every  # a run that never reaches the threshold: one evaluation past the last
 per_run = []
 for (arm, lr, seed), g in ev.groupby(["variant", "lr", "seed"]):
     per_run.append({"variant": arm, "lr": lr, "seed": seed,
                     "auc_fork": claims.area_under_curve(g["rollout"], g["eval/avg_at_n_fork"]),
                     "auc_rest": claims.area_under_curve(g["rollout"], g["eval/avg_at_n_rest"]),
                     "rollouts_to_threshold": claims.first_crossing(
-                        g["rollout"], g["eval/avg_at_n_fork"], fork_threshold, censored=base.rollouts + base.eval_every),
+                        g["rollout"], g["eval/avg_at_n_fork"], fork_threshold, censored=censored_at),
                     "final_fork": g.sort_values("rollout")["eval/avg_at_n_fork"].iloc[-1],
                     "final_rest": g.sort_values("rollout")["eval/avg_at_n_rest"].iloc[-1]})
 per_run = pd.DataFrame(per_run)
 ent = steps.groupby(["variant", "lr", "seed"])["entropy"].mean().rename("entropy").reset_index()
 per_run = per_run.merge(ent, on=["variant", "lr", "seed"])
-display(per_run.groupby(["lr", "variant"], sort=False)[["auc_fork", "auc_rest", "rollouts_to_threshold", "final_fork",
-                                                        "final_rest", "entropy"]].agg(["mean", "std"]).round(3))
+display(plots.seed_table(per_run, ["auc_fork", "auc_rest", "rollouts_to_threshold", "final_fork", "final_rest",
+                                     "entropy"], by=["lr", "variant"], censored={"rollouts_to_threshold": censored_at}))
 
 
 def by_seed(arm, lr, col):
@@ -357,7 +358,8 @@ summary = {
                     "ours: rollouts to threshold", "seeds"],
         "rows": [[f"{lr:g}", arm, PAPER_ROLE.get(arm, ""), round(100 * r["auc_fork"], 1),
                   round(100 * r["final_fork"], 1), round(100 * r["final_rest"], 1),
-                  round(r["rollouts_to_threshold"], 1), int(r["seeds"])]
+                  plots.censored_text(per_run[(per_run["lr"] == lr) & (per_run["variant"] == arm)][
+                      "rollouts_to_threshold"], censored_at), int(r["seeds"])]
                  for (lr, arm), r in table.iterrows()],
         "note": "The paper: GPPO above DAPO's clip-higher on AIME and LiveCodeBench through RL (Klear-Reasoner 8B). "
                 "Ours: the claims table gives each paired difference with its interval and verdict.",

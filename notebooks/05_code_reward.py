@@ -181,9 +181,8 @@ for (arm, seed), g in ev.groupby(["variant", "seed"]):
                     "kept_frac": r["klear/kept_group_frac"].mean(),
                     "steps": int(((steps["variant"] == arm) & (steps["seed"] == seed)).sum())})
 per_run = pd.DataFrame(per_run)
-table = per_run.groupby("variant", sort=False)[["final", "auc", "final_pass_rate", "signal_own_filter", "signal_dapo",
-                                                "signal_klear", "kept_frac", "steps"]].agg(["mean", "std"])
-display(table.round(3))
+display(plots.seed_table(per_run, ["final", "auc", "final_pass_rate", "signal_own_filter", "signal_dapo",
+                                   "signal_klear", "kept_frac", "steps"], by="variant"))
 
 
 def by_seed(arm, col):

@@ -129,7 +129,7 @@ per_run = pd.DataFrame(per_run).merge(run_entropy, on=["variant", "seed"])
 table = per_run.groupby("variant", sort=False).agg(
     auc_fork=("auc_fork", "mean"), auc_fork_std=("auc_fork", "std"), final_fork=("final_fork", "mean"),
     auc_rest=("auc_rest", "mean"), entropy=("entropy", "mean"), seeds=("seed", "nunique")).reindex(list(configs))
-display(table.round(4))
+display(plots.seed_table(per_run, ["auc_fork", "final_fork", "auc_rest", "entropy"], by="variant", digits=4))
 
 
 def by_seed(v, col):
