@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from klear_lib.data.tasks import DEFAULT_FORK_FACTS, LEVELS, parse_fork_facts
 from klear_lib.losses import PolicyLossConfig
 from klear_lib.recipe import KlearLossConfig
+from klear_lib.train.tracking import check_tracker
 
 
 def from_dict(cls, d: typing.Mapping, *, where: str | None = None):
@@ -100,6 +101,7 @@ class TaskModelConfig:
     def __post_init__(self) -> None:
         if self.report_to not in TRACKERS:
             raise ValueError(f"{type(self).__name__}.report_to must be one of {list(TRACKERS)}, got {self.report_to!r}")
+        check_tracker(self.report_to, f"{type(self).__name__}.report_to")  # installed, or refused before any work
         _check_ranges(self, positive=("n_train", "n_heldout", "tiny_hidden", "tiny_layers", "vocab_size"),
                       non_negative=("seed", "data_seed"))
         self.level_list  # a malformed level list is an error here, naming it

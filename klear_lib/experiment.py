@@ -36,13 +36,51 @@ UNITS_DIR = "units"
 TRACKING_DIR = "tracking"
 
 
-def unit_tracking_dir(metrics_path: str | os.PathLike, report_to: str) -> Path | None:
-    """Where a unit's experiment tracker writes: ``<run dir>/tracking/<unit>`` beside ``<run dir>/units/<unit>.jsonl``
-    (so its files outlive anything the unit deletes); ``None`` when ``report_to`` is ``"none"``."""
+_CURRENT_UNIT: str | None = None  # in a worker: the key of the unit it runs (set by _call)
+
+
+@dataclass(frozen=True)
+class UnitTracking(os.PathLike):
+    """Where a unit's experiment tracker writes and under which names: the notebook's run directory's
+    ``tracking/<tracker>/`` (``tracking/tensorboard/gppo/lr=0.0001/seed=0``: TensorBoard shows the unit's key as its
+    run; wandb's offline run folder goes there too; trackio keeps one database per run directory,
+    ``tracking/trackio``, with the unit as the run and the notebook as the project). As a path it is the folder."""
+
+    tracker: str
+    root: Path  # <run dir>/tracking
+    project: str  # the notebook's name
+    run_name: str  # the unit's key
+
+    @property
+    def folder(self) -> Path:
+        if self.tracker == "trackio":
+            return self.root / "trackio"
+        parts = [re.sub(r"[^A-Za-z0-9._=-]+", "_", p) for p in self.run_name.split("/") if p not in ("", ".", "..")]
+        return self.root.joinpath(self.tracker, *parts)
+
+    def __fspath__(self) -> str:
+        return str(self.folder)
+
+
+def _run_root(folder: Path) -> Path:
+    """The notebook's run directory that holds ``folder`` (the nearest with a config.json: run_jobs may run in a
+    subfolder, 03's ``control/``), else ``folder`` itself."""
+    for candidate in (folder, *list(folder.parents)[:2]):
+        if (candidate / runs.CONFIG_FILE).is_file():
+            return candidate
+    return folder
+
+
+def unit_tracking_dir(metrics_path: str | os.PathLike, report_to: str) -> UnitTracking | None:
+    """Where a unit's experiment tracker writes (``UnitTracking``), beside ``units/<unit>.jsonl`` in the notebook's
+    run directory, so that its files outlive anything the unit deletes; ``None`` when ``report_to`` is ``"none"``.
+    The unit's key comes from the worker (``run_jobs``); outside one, its file name."""
     if report_to == "none":
         return None
     unit = Path(metrics_path)
-    return unit.parent.parent / TRACKING_DIR / unit.stem
+    root = _run_root(unit.parent.parent)
+    key = _CURRENT_UNIT if _CURRENT_UNIT and Job(_CURRENT_UNIT, "m:f").slug == unit.stem else unit.stem
+    return UnitTracking(report_to, root / TRACKING_DIR, root.parent.name, key)
 
 
 @dataclass(frozen=True)
@@ -81,7 +119,9 @@ def _init_worker(threads: int) -> None:
     quiet()
 
 
-def _call(fn: str, kwargs: dict, metrics_path: str, result_path: str) -> dict:
+def _call(fn: str, kwargs: dict, metrics_path: str, result_path: str, key: str | None = None) -> dict:
+    global _CURRENT_UNIT
+    _CURRENT_UNIT = key  # the unit's name for its experiment tracker (unit_tracking_dir)
     module, name = fn.split(":")
     func = getattr(importlib.import_module(module), name)
     start = time.perf_counter()
@@ -148,7 +188,7 @@ def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, t
         futures = {}
         for job in todo:
             metrics, result = _paths(run_dir, job)
-            futures[pool.submit(_call, job.fn, job.kwargs, str(metrics), str(result))] = job
+            futures[pool.submit(_call, job.fn, job.kwargs, str(metrics), str(result), job.key)] = job
         done_count = len(results)
         for fut in cf.as_completed(futures):
             job = futures[fut]

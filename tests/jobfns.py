@@ -18,3 +18,12 @@ def count_and_write(*, n: int, log: str, metrics_path: str, fail: bool = False) 
     import torch
 
     return {"n": n, "threads": torch.get_num_threads(), "pid": os.getpid(), "log_exists": Path(log).is_file()}
+
+
+def where_it_tracks(*, report_to: str, metrics_path: str) -> dict:
+    """What klear_lib.experiment.unit_tracking_dir tells this unit (its tracker's folder and names)."""
+    from klear_lib.experiment import unit_tracking_dir
+
+    runs.MetricsWriter(metrics_path).close()
+    t = unit_tracking_dir(metrics_path, report_to)
+    return {"folder": os.fspath(t), "project": t.project, "run_name": t.run_name}
