@@ -109,7 +109,10 @@ def _paths(run_dir: Path, job: Job) -> tuple[Path, Path]:
     return units / f"{job.slug}.jsonl", units / f"{job.slug}.json"
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, env: dict | None = None) -> None:
+    # First, before anything imports trackio (TRL imports it with itself): trackio reads TRACKIO_DIR once, at
+    # import, so every unit of this run logs to the run's one trackio folder (UnitTracking).
+    os.environ.update(env or {})
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
@@ -182,8 +185,9 @@ def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, t
     clock = time.perf_counter()
     failure = None
     ctx = multiprocessing.get_context("spawn")
+    worker_env = {"TRACKIO_DIR": str(_run_root(run_dir) / TRACKING_DIR / "trackio")}
     pool = cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
-                                  initargs=(threads,))
+                                  initargs=(threads, worker_env))
     try:
         futures = {}
         for job in todo:

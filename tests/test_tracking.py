@@ -106,7 +106,8 @@ def test_namespaced_keys_keep_their_names_and_flat_keys_get_transformers_prefix(
         rewrite = integration_utils.rewrite_logs
         assert rewrite({"eval/avg_at_n": 1, "loss": 2, "eval_loss": 3, "actor/pg_loss": 4}) == {
             "eval/avg_at_n": 1, "actor/pg_loss": 4, "train/loss": 2, "eval/loss": 3}
-        assert os.environ["WANDB_PROJECT"] == "p" and os.environ["TRACKIO_DIR"].endswith("tensorboard/u")
+        assert os.environ["TENSORBOARD_LOGGING_DIR"].endswith("tensorboard/u") and os.environ["WANDB_PROJECT"] == "p"
+        assert "TRACKIO_DIR" not in os.environ  # set for trackio only (its folder is per run, read at import)
     assert integration_utils.rewrite_logs is before and "WANDB_PROJECT" not in os.environ
 
 
@@ -166,3 +167,53 @@ def test_an_sft_unit_tracks_into_the_run_directory_and_the_events_outlive_its_mo
     tags = scalars(tmp_path / "run" / "tracking" / "tensorboard" / "arm_seed=0")
     assert {"train/train_loss", "train/mean_token_accuracy"} <= tags, sorted(tags)
     assert hparams_of(tmp_path / "run" / "tracking")["learning_rate"] == pytest.approx(3e-3)
+
+
+@pytest.mark.parametrize("tracker", ["tensorboard", "trackio", "wandb"])
+def test_units_of_one_worker_are_separate_runs_under_the_run_directory(tmp_path, tracker, monkeypatch):
+    """Two RL units in one worker process (the case where trackio's import-time folder and wandb's open run made two
+    units one run): each is its own run, named after its key, in the notebook's project, under <run dir>/tracking/,
+    and nothing lands in the home cache. trackio and wandb are optional: the test runs where they are installed."""
+    if tracker != "tensorboard":
+        pytest.importorskip(tracker)
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("HF_HOME", str(home / ".cache" / "huggingface"))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run_dir = runs.create_run_dir(tmp_path / "outputs", "03_rl_clip_variants")
+    cfg = RLExperimentConfig(n_train=64, n_heldout=4, levels="1,2", rollouts=1, rollout_prompts=2,
+                             mini_batch_prompts=1, num_generations=4, max_completion_length=12, eval_n=1,
+                             eval_every=1, filter_groups=False, fork_facts="", report_to=tracker)
+    runs.write_run_metadata(run_dir, cfg)
+    train, _ = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, cfg.level_list)
+    tok = models.build_tokenizer(tasks.corpus(train))
+    spec = models.TinyModelSpec(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                intermediate_size=64)
+    start = tmp_path / "start"
+    models.build_tiny_model(tok, spec).save_pretrained(start)
+    tok.save_pretrained(start)
+    keys = ["ppo_clip/lr=0.0001/seed=0", "gppo/lr=0.0001/seed=0"]
+    jobs = [experiment.Job(k, "klear_lib.train.rl_jobs:rl_unit", {
+        "config": {**vars(cfg.replace(loss_name=k.split("/")[0]))}, "start": str(start), "tags": {"seed": 0}})
+        for k in keys]
+    experiment.run_jobs(jobs, run_dir, workers=1, progress=lambda *_: None)
+    root = run_dir / "tracking"
+    if tracker == "tensorboard":
+        for k in keys:
+            assert "eval/avg_at_n" in scalars(root / "tensorboard" / k)
+    elif tracker == "trackio":
+        import sqlite3
+
+        [db] = (root / "trackio").glob("*.db")
+        assert db.stem == "03_rl_clip_variants"
+        with sqlite3.connect(db) as con:
+            assert sorted({r[0] for r in con.execute("select run_name from metrics")}) == sorted(keys)
+            metric_keys = set().union(*(__import__("json").loads(m) for (m,) in con.execute("select metrics from "
+                                                                                               "metrics")))
+        assert "eval/avg_at_n" in metric_keys and not any(k.startswith("train/eval/") for k in metric_keys)
+    else:
+        for k in keys:
+            [run_file] = (root / "wandb" / k / "wandb").glob("offline-run-*/run-*.wandb")
+            data = run_file.read_bytes()
+            assert k.encode() in data and b"03_rl_clip_variants" in data and b"train/eval/" not in data
+    assert not any(p.name in ("trackio", "wandb") for p in home.rglob("*")), sorted(home.rglob("*"))

@@ -12,7 +12,10 @@ the unit (``gppo/lr=0.0001/seed=0``). How this departs from transformers' defaul
   is left as it is; flat keys (``loss``, ``grad_norm``, ``reward``) get ``train/`` as before.
 - TensorBoard also gets the resolved config as hparams (its HPARAMS tab), not only the arguments as text.
 - trackio reads ``TRACKIO_DIR`` once, when it is first imported: the folder is set before any import (units run in
-  fresh worker processes); a process that imported it for another folder gets its module-level folder moved.
+  fresh worker processes, and every unit of a run logs to the run's one trackio folder); a process that imported it
+  for another folder is refused. wandb runs offline (files only) unless ``WANDB_MODE`` says otherwise, keeps its
+  cache in the unit's folder, and its run is closed with the unit (transformers leaves it open, and the next unit
+  of the same worker process would log into it).
 - A tracker that is not installed is refused when the config is built (``check_tracker``), before any work.
 """
 
@@ -55,12 +58,15 @@ def _namespaced_rewrite(original):
     return rewrite_logs
 
 
-def _move_trackio(folder: str) -> None:
-    """Point an already imported trackio at ``folder`` (it copies TRACKIO_DIR into module globals at import)."""
-    for name in ("trackio.utils", "trackio.sqlite_storage"):
-        module = sys.modules.get(name)
-        if module is not None and hasattr(module, "TRACKIO_DIR"):
-            module.TRACKIO_DIR = Path(folder)
+def _check_trackio(folder: str) -> None:
+    """trackio copies TRACKIO_DIR into module globals when it is first imported (trackio.utils, sqlite_storage,
+    media ...): one process can log to one folder. Units run in fresh worker processes, all of a run's units to the
+    run's one ``tracking/trackio``; a process that imported it for another folder is an error, not a silent move."""
+    utils = sys.modules.get("trackio.utils")
+    held = getattr(utils, "TRACKIO_DIR", None)
+    if held is not None and Path(held).resolve() != Path(folder).resolve():
+        raise RuntimeError(f"trackio was imported in this process for {held}; it reads its folder once, at import, "
+                           f"and cannot log to {folder} too: run this training in a fresh process (a new kernel)")
 
 
 @contextlib.contextmanager
@@ -72,12 +78,19 @@ def tracking_env(tracking):
         return
     folder = os.fspath(tracking)
     os.makedirs(folder, exist_ok=True)
-    values = {"TENSORBOARD_LOGGING_DIR": folder, "WANDB_DIR": folder, "TRACKIO_DIR": folder,
-              "WANDB_PROJECT": names(tracking)["project"]}
+    tracker = getattr(tracking, "tracker", None)  # None: a plain folder (klear_lib.train.launch), every tracker
+    values = {"TENSORBOARD_LOGGING_DIR": folder, "WANDB_DIR": folder, "WANDB_PROJECT": names(tracking)["project"],
+              # wandb stays in the run unless its user asks for a sync (WANDB_MODE=online, with a login)
+              "WANDB_MODE": os.environ.get("WANDB_MODE") or "offline",
+              # wandb's service logs and artifact staging, which default to the home cache
+              "WANDB_CACHE_DIR": os.path.join(folder, "wandb-cache"),
+              "WANDB_DATA_DIR": os.path.join(folder, "wandb-data")}
+    if tracker in (None, "trackio"):
+        values["TRACKIO_DIR"] = folder
+    if tracker == "trackio":
+        _check_trackio(folder)
     saved = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
-    if "trackio" in sys.modules:
-        _move_trackio(folder)
     from transformers.integrations import integration_utils
 
     original = integration_utils.rewrite_logs
@@ -86,6 +99,14 @@ def tracking_env(tracking):
     try:
         yield
     finally:
+        # transformers' wandb callback leaves its run open at the end of training, and the next trainer of the same
+        # worker process then logs into it (two units, one wandb run): close it with its unit, and tear down wandb's
+        # process-wide settings, which hold the first unit's WANDB_DIR.
+        wandb = sys.modules.get("wandb")
+        if wandb is not None and getattr(wandb, "run", None) is not None:
+            wandb.finish()
+            if hasattr(wandb, "teardown"):
+                wandb.teardown()
         integration_utils.rewrite_logs = original
         for k, v in saved.items():
             if v is None:
