@@ -53,10 +53,11 @@ test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests $$(ls .nbval/*.ipynb | grep -v '/00_') $$(ls .nbval/00_*.ipynb) \
 	  --nbval-lax --sanitize-with tests/nbval_sanitize.cfg
 
-# JupyterLab on notebooks/ with jupytext's contents manager (installed with the `lab` extra): saving a notebook
-# updates both halves of its pair. Jupyter refuses to run as root without --allow-root (containers, GPU boxes).
+# JupyterLab at the repository root (so jupytext reads jupytext.toml: saving a notebook updates both halves of its
+# pair and leaves an unchanged one unchanged), opened on notebooks/, one entry per notebook (klear_lib.lab).
+# A quick run: `make lab NB=03` opens a prepared copy at the smoke preset (PRESET=... for another) in outputs/lab/.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+	$(VENV)/bin/klear lab $(if $(NB),$(NB) --preset $(if $(filter command line,$(origin PRESET)),$(PRESET),smoke))
 
 # Every benchmark at full size (minutes each: run it on a quiet machine), then one line per headline figure (each
 # script prints `RATIO <name> <value> TARGET <op> <number>`) with its target and whether it was met. A script that

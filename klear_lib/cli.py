@@ -8,6 +8,8 @@
     klear reproduce --preset tiny                                 # every notebook that has params/<nb>/tiny.yaml,
                                                                   # then the report
     klear report                                                  # outputs/report.html from every run under outputs/
+    klear lab                                                     # JupyterLab at the repository, on notebooks/
+    klear lab 03 --preset smoke                                   # ... on a prepared copy in outputs/lab/
 
 A preset is ``params/<notebook>/<preset>.yaml``: a flat mapping of the notebook's parameters. ``-p key=value``
 overrides one; the value is read as YAML (``-p seed=2`` is an int, ``-p lr=1.0e-4`` a float, ``-p name=abc``
@@ -694,6 +696,34 @@ def _cmd_prepare(args: argparse.Namespace, layout: Layout) -> int:
     return 0
 
 
+def _cmd_lab(args: argparse.Namespace, layout: Layout) -> int:
+    """JupyterLab at the repository root (jupytext's configuration, one entry per notebook; klear_lib.lab); with a
+    notebook, on a prepared copy of it with the preset's parameters, outside the tracked files."""
+    import subprocess
+
+    from klear_lib import lab
+
+    require_notebooks(layout)
+    if not layout.output_root.resolve().is_relative_to(layout.repo_root.resolve()):
+        raise KlearError(f"--output-root {layout.output_root} is outside the repository {layout.repo_root}: JupyterLab "
+                         "opens only files under its root (the repository, so that jupytext reads jupytext.toml)")
+    open_path = None
+    if args.notebook:
+        notebook, name, params = _resolve(args.notebook, args.preset, args.param, layout, dry_run=True)
+        open_path = lab.prepare_copy(notebook, name, args.preset, params, layout.output_root)
+        print(f"klear: a copy of {name} with the {args.preset} preset's parameters: {open_path}\n"
+              f"klear: Run All writes a new run directory under {layout.output_root / name}/; the tracked notebook "
+              "is not touched", file=sys.stderr)
+    elif args.param:
+        raise KlearError("--preset and -p need a notebook: klear lab NOTEBOOK --preset smoke")
+    argv = lab.lab_argv(layout.repo_root, open_path, layout.output_root / lab.LAB_DIR / "jupyter_server_config.json",
+                        args.jupyter_args)
+    if args.print_command:
+        print(" ".join(argv))
+        return 0
+    return subprocess.call(argv, cwd=layout.repo_root)
+
+
 REPORT_PREFIX = "00_"  # notebooks named 00_* gather the others' runs: reproduce runs them last, as the report
 REPRODUCE_LOG = "reproduce.json"
 
@@ -824,6 +854,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="tiny", help="default: tiny")
     p.add_argument("--output-root", help="default: outputs")
     p.set_defaults(func=_cmd_reproduce)
+    p = sub.add_parser("lab", parents=[params, dirs], help="JupyterLab at the repository; with a notebook, on a "
+                                                            "prepared copy with a preset's parameters")
+    p.add_argument("--output-root", help="the copies go to <output root>/lab/ (default: outputs)")
+    p.add_argument("--print-command", action="store_true", help="print the jupyter command instead of running it")
+    p.set_defaults(func=_cmd_lab)  # arguments after `--` go to `jupyter lab` (e.g. -- --no-browser --port 8890)
     p = sub.add_parser("report", parents=[dirs], help="gather every run under the output root into report.html")
     p.add_argument("--preset", default="tiny", help="preset of the 00_report notebook (default: tiny)")
     p.add_argument("--output-root", help="default: outputs")
@@ -834,8 +869,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """The `klear` console script; returns the exit status (0 ok, 1 a notebook failed, 2 a usage error, 130
     interrupted)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []  # klear lab ... -- <jupyter lab's arguments>
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     args = build_parser().parse_args(argv)
+    args.jupyter_args = extra
     try:
+        if extra and args.command != "lab":
+            raise KlearError(f"arguments after -- are for `klear lab` only, got: {' '.join(extra)}")
         return args.func(args, Layout.from_args(args))
     except KlearError as err:
         print(f"klear: error: {err}", file=sys.stderr)
