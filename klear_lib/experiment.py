@@ -315,6 +315,8 @@ class UnitProgress:
     def poll(self) -> None:
         if self.mode == "none":
             return
+        if self.overall is not None:
+            self.overall.refresh()  # its elapsed time moves between units too
         for key, job in self.jobs.items():
             st = self.state.get(key)
             if st is None:
