@@ -320,9 +320,11 @@ class UnitProgress:
         for key, job in self.jobs.items():
             st = self.state.get(key)
             if st is None:
-                if not _paths(self.run_dir, job)[0].exists():
+                try:  # the unit opened its records when it started: its elapsed time counts from there
+                    started = _paths(self.run_dir, job)[0].stat().st_mtime
+                except OSError:
                     continue  # not started yet
-                st = self.state[key] = {"offset": 0, "n": 0, "printed": None, "start": time.perf_counter()}
+                st = self.state[key] = {"offset": 0, "n": 0, "printed": None, "start": min(started, time.time())}
                 if self.mode == "widgets":
                     st["bar"] = self._new_bar(total=self.total(job), desc=key, unit="rollout", leave=False)
             if st.get("done"):
@@ -340,9 +342,8 @@ class UnitProgress:
         from tqdm import tqdm
 
         st["printed"], st["printed_n"] = time.perf_counter(), st["n"]
-        meter = tqdm.format_meter(st["n"], self.total(job), time.perf_counter() - st["start"], ncols=100,
-                                  prefix=f"  {job.key}", unit="rollout", postfix=self._postfix(st) or None,
-                                  ascii=True)
+        meter = tqdm.format_meter(st["n"], self.total(job), time.time() - st["start"], prefix=f"  {job.key}",
+                                  unit="rollout", postfix=self._postfix(st) or None, ascii=True)
         self.progress(meter)
 
     def finished(self, job: Job) -> None:
