@@ -73,13 +73,26 @@ test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests $$(ls .nbval/*.ipynb | grep -v '/00_') $$(ls .nbval/00_*.ipynb) \
 	  --nbval-lax --sanitize-with tests/nbval_sanitize.cfg
 
-# JupyterLab on notebooks/ with jupytext's contents manager (installed with the `lab` extra): saving a notebook
-# updates both halves of its pair. Jupyter refuses to run as root without --allow-root (containers, GPU boxes).
+# JupyterLab at the repository root (so jupytext reads jupytext.toml: saving a notebook updates both halves of its
+# pair and leaves an unchanged one unchanged), opened on notebooks/, one entry per notebook (klear_lib.lab).
+# A quick run: `make lab NB=03` opens a prepared copy at the smoke preset (PRESET=... for another) in outputs/lab/.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+	$(VENV)/bin/klear lab $(if $(NB),$(NB) --preset $(if $(filter command line,$(origin PRESET)),$(PRESET),smoke))
 
+# Every benchmark at full size (minutes each: run it on a quiet machine), then one line per headline figure (each
+# script prints `RATIO <name> <value> TARGET <op> <number>`) with its target and whether it was met. A script that
+# fails is named at the end, the others still run, and the target fails. `make test` runs each at `--quick`.
+BENCH_DIR ?= benchmarks
 bench: $(STAMP)
-	$(PY) benchmarks/bench_step_time.py
+	@log=$$(mktemp); failed=0; \
+	for b in $(BENCH_DIR)/bench_*.py; do \
+	  echo "== $$b"; $(PY) $$b | tee -a $$log; rc=$${PIPESTATUS[0]}; \
+	  if [ $$rc -ne 0 ]; then echo "$$b FAILED (exit $$rc)" >> $$log.failed; failed=1; fi; \
+	done; \
+	echo "== ratios: name, value, target, met"; \
+	awk '$$1 == "RATIO" { ok = ($$5 == ">=") ? ($$3 + 0 >= $$6 + 0) : ($$3 + 0 <= $$6 + 0); \
+	  printf "%-44s %8s  %s %s  %s\n", $$2, $$3, $$5, $$6, ok ? "met" : "NOT met" }' $$log; \
+	if [ -f $$log.failed ]; then cat $$log.failed; fi; rm -f $$log $$log.failed; exit $$failed
 
 clean-venv:
 	rm -rf $(VENV)

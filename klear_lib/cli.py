@@ -2,15 +2,17 @@
 
     klear list
     klear params 03_rl_clip_variants                              # every parameter with its value in each preset
-    klear run 03_rl_clip_variants --preset tiny -p seeds=0,1 -p rl_lr=1e-4
+    klear run 03_rl_clip_variants --preset tiny -p seeds=0,1 -p lrs=1.0e-4
     klear run --resume outputs/03_rl_clip_variants/<stamp>        # continue an interrupted run (units not redone)
     klear prepare 03 --preset smoke --out build/nb/03.ipynb      # inject parameters, don't execute (nbval)
     klear reproduce --preset tiny                                 # every notebook that has params/<nb>/tiny.yaml,
                                                                   # then the report
     klear report                                                  # outputs/report.html from every run under outputs/
+    klear lab                                                     # JupyterLab at the repository, on notebooks/
+    klear lab 03 --preset smoke                                   # ... on a prepared copy in outputs/lab/
 
 A preset is ``params/<notebook>/<preset>.yaml``: a flat mapping of the notebook's parameters. ``-p key=value``
-overrides one; the value is read as YAML (``-p seed=2`` is an int, ``-p lr=1e-4`` a float, ``-p name=abc``
+overrides one; the value is read as YAML (``-p seed=2`` is an int, ``-p lr=1.0e-4`` a float, ``-p name=abc``
 a string). Every key must be a parameter of the notebook's ``parameters``-tagged cell, and every notebook
 declares ``run_dir``: klear sets it to a fresh ``outputs/<notebook>/<stamp>`` folder, where the notebook
 writes its run directory (see klear_lib.runs) and papermill writes the executed ``notebook.ipynb``.
@@ -62,11 +64,11 @@ class KlearError(Exception):
 class NotebookFailed(Exception):
     """A notebook raised while papermill executed it; the partially executed copy is at `output`."""
 
-    def __init__(self, name: str, output: pathlib.Path, cause: BaseException):
+    def __init__(self, name: str, output: pathlib.Path, cause: BaseException, cell: int | None = None):
         self.name, self.output, self.cause = name, output, cause
         detail = getattr(cause, "evalue", None) or str(cause)
         ename = getattr(cause, "ename", None) or type(cause).__name__
-        cell = getattr(cause, "exec_count", None)
+        cell = getattr(cause, "exec_count", None) or cell  # In [N]: report.cell_number, as status.json has it
         where = f" in cell [{cell}]" if cell is not None else ""
         super().__init__(
             f"{name} failed{where}: {ename}: {detail}\n  partially executed notebook: {output}"
@@ -164,14 +166,51 @@ def parse_value(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
 
 
-def load_yaml_file(path: str | os.PathLike) -> Any:
+def load_yaml_file(path: str | os.PathLike, *, like_yaml_1_1: bool = False) -> Any:
     """A preset or config file, read as the CLI reads values (``1e-4`` is a float): one parser for the CLI's
-    presets and ``-p`` overrides and for ``klear_lib.train.launch``'s config files."""
-    with open(path, encoding="utf-8") as f:
-        try:
-            return yaml.load(f, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
-        except yaml.YAMLError as err:
-            raise KlearError(f"{path}: not valid YAML: {err}") from None
+    presets and ``-p`` overrides and for ``klear_lib.train.launch``'s config files.
+
+    ``like_yaml_1_1`` (presets: papermill reads them too, ``papermill -f``): the file must also read the same under
+    ``yaml.safe_load`` (YAML 1.1, papermill's reader), where ``4e-3`` is the string ``'4e-3'``; a file that differs
+    is refused, naming the key and a spelling both readers agree on (``0.004``, ``4.0e-3``)."""
+    try:
+        text = pathlib.Path(path).read_text(encoding="utf-8")
+        ours = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as err:
+        raise KlearError(f"{path}: not valid YAML: {err}") from None
+    differs = _first_difference(ours, yaml.safe_load(text)) if like_yaml_1_1 else None
+    if differs is not None:
+        where, value, other = differs
+        hint = f"; write {_float_text(value)}" if isinstance(value, float) and isinstance(other, str) else ""
+        raise KlearError(f"{path}: {where} is the {type(other).__name__} {other!r} under YAML 1.1 (yaml.safe_load, "
+                         f"papermill's reader) but the {type(value).__name__} {value!r} under klear's reader{hint}")
+    return ours
+
+
+def _float_text(value: float) -> str:
+    """A float as YAML 1.1 reads it back as a float: ``0.004`` -> ``4.0e-3``-style text with a dot."""
+    text = repr(value)
+    if "e" in text and "." not in text.split("e")[0]:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}.0e{exponent}"
+    return text
+
+
+def _first_difference(a: Any, b: Any, where: str = "") -> tuple[str, Any, Any] | None:
+    """The first place (``key``, ``key.sub``, ``key[2]``) where two loaded YAML documents differ in value or type."""
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        for key in a:
+            found = _first_difference(a[key], b[key], f"{where}.{key}" if where else str(key))
+            if found:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            found = _first_difference(x, y, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    return None if type(a) is type(b) and a == b else (where or "the document", a, b)
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
@@ -206,7 +245,7 @@ def _load_params_with_sources(
         if not presets:
             raise KlearError(f"no presets for notebook {name!r}: {params_dir / name} has no *.yaml")
         raise KlearError(f"no preset {preset!r} for {name}; its presets: {', '.join(presets)}")
-    loaded = load_yaml_file(path)
+    loaded = load_yaml_file(path, like_yaml_1_1=True)
     loaded = {} if loaded is None else loaded
     if not isinstance(loaded, dict):
         raise KlearError(f"{path}: a preset must be a mapping of parameter: value, got {type(loaded).__name__}")
@@ -274,11 +313,26 @@ def validate_params(
             )
 
 
-def _default_value(param: Mapping[str, Any]) -> Any:
+def notebook_default(param: Mapping[str, Any]) -> Any:
+    """The value of one of ``notebook_parameters``' entries (its default's source text, evaluated as a literal);
+    None when it is not a literal."""
     try:
         return ast.literal_eval(str(param.get("default")))
     except (ValueError, SyntaxError):
         return None
+
+
+_default_value = notebook_default
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two parameter values are the same: a bool only equals a bool, numbers compare as numbers (``3`` is
+    ``3.0``), anything else by ``==`` (``"1e-4"`` is not ``1e-4``)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    return type(a) is type(b) and a == b
 
 
 def check_types(params: Mapping[str, Any], declared: Mapping[str, Mapping[str, Any]], *, notebook: str = "the notebook",
@@ -400,18 +454,21 @@ def _oom_kills() -> int | None:
 
 
 def _last_cell(output: pathlib.Path) -> dict:
-    """The cell papermill was executing (or that failed) in a partially executed notebook: index and first line."""
+    """The cell papermill was executing (or that failed) in a partially executed notebook: its number (``In [N]``,
+    ``report.cell_number``: the one numbering of the CLI, ``status.json`` and the report) and first line."""
     try:
         import nbformat
 
         nb = nbformat.read(str(output), as_version=4)
     except Exception:  # noqa: BLE001 (a notebook papermill never wrote)
         return {}
+    from klear_lib.report import cell_number
+
     for pos, cell in enumerate(nb.cells):
         state = ((cell.get("metadata") or {}).get("papermill") or {}).get("status")
         if state in ("running", "failed"):
             first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""
-            return {"cell": pos, "cell_source": first[:120], "cell_status": state}
+            return {"cell": cell_number(nb.cells, pos), "cell_source": first[:120], "cell_status": state}
     return {}
 
 
@@ -574,6 +631,10 @@ def run_notebook(
     _warn_if_foreign_kernel()
     _write_notebook_atomically(run_dir)
     clock, oom_before = time.monotonic(), _oom_kills()
+    # The kernel inherits these: the notebook's preset.json names klear as its launcher and compares the parameters
+    # with the presets klear read them from (klear_lib.notebook.start_run).
+    kernel_env = contextlib.ExitStack()
+    kernel_env.enter_context(_environ({"KLEAR_LAUNCHER": "klear run", "KLEAR_PARAMS_DIR": str(layout.params_dir)}))
     try:
         with _owning_the_run():
             papermill.execute_notebook(
@@ -606,9 +667,26 @@ def run_notebook(
             status["cause"] = "the kernel died: out of memory (the cgroup's oom_kill count rose)"
         _write_status(run_dir, status)
         _finish_record(run_dir, clock)
-        raise NotebookFailed(name, output, err) from err
+        raise NotebookFailed(name, output, err, cell=status.get("cell")) from err
+    finally:
+        kernel_env.close()
     _finish_record(run_dir, clock)
     return run_dir
+
+
+@contextlib.contextmanager
+def _environ(values: Mapping[str, str]):
+    """Set environment variables for the duration of a block, then put back what was there."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _resume_record(run_dir: pathlib.Path, layout: Layout):
@@ -733,6 +811,34 @@ def _cmd_prepare(args: argparse.Namespace, layout: Layout) -> int:
     out = prepare_notebook(args.notebook, args.preset, args.out, args.param, layout=layout, run_dir=args.run_dir)
     print(out)
     return 0
+
+
+def _cmd_lab(args: argparse.Namespace, layout: Layout) -> int:
+    """JupyterLab at the repository root (jupytext's configuration, one entry per notebook; klear_lib.lab); with a
+    notebook, on a prepared copy of it with the preset's parameters, outside the tracked files."""
+    import subprocess
+
+    from klear_lib import lab
+
+    require_notebooks(layout)
+    if not layout.output_root.resolve().is_relative_to(layout.repo_root.resolve()):
+        raise KlearError(f"--output-root {layout.output_root} is outside the repository {layout.repo_root}: JupyterLab "
+                         "opens only files under its root (the repository, so that jupytext reads jupytext.toml)")
+    open_path = None
+    if args.notebook:
+        notebook, name, params = _resolve(args.notebook, args.preset, args.param, layout, dry_run=True)
+        open_path = lab.prepare_copy(notebook, name, args.preset, params, layout.output_root)
+        print(f"klear: a copy of {name} with the {args.preset} preset's parameters: {open_path}\n"
+              f"klear: Run All writes a new run directory under {layout.output_root / name}/; the tracked notebook "
+              "is not touched", file=sys.stderr)
+    elif args.param:
+        raise KlearError("--preset and -p need a notebook: klear lab NOTEBOOK --preset smoke")
+    argv = lab.lab_argv(layout.repo_root, open_path, layout.output_root / lab.LAB_DIR / "jupyter_server_config.json",
+                        args.jupyter_args)
+    if args.print_command:
+        print(" ".join(argv))
+        return 0
+    return subprocess.call(argv, cwd=layout.repo_root)
 
 
 REPORT_PREFIX = "00_"  # notebooks named 00_* gather the others' runs: reproduce runs them last, as the report
@@ -862,6 +968,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="tiny", help="default: tiny")
     p.add_argument("--output-root", help="default: outputs")
     p.set_defaults(func=_cmd_reproduce)
+    p = sub.add_parser("lab", parents=[params, dirs], help="JupyterLab at the repository; with a notebook, on a "
+                                                            "prepared copy with a preset's parameters")
+    p.add_argument("--output-root", help="the copies go to <output root>/lab/ (default: outputs)")
+    p.add_argument("--print-command", action="store_true", help="print the jupyter command instead of running it")
+    p.set_defaults(func=_cmd_lab)  # arguments after `--` go to `jupyter lab` (e.g. -- --no-browser --port 8890)
     p = sub.add_parser("report", parents=[dirs], help="gather every run under the output root into report.html")
     p.add_argument("--preset", default="tiny", help="preset of the 00_report notebook (default: tiny)")
     p.add_argument("--output-root", help="default: outputs")
@@ -872,8 +983,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """The `klear` console script; returns the exit status (0 ok, 1 a notebook failed, 2 a usage error, 130
     interrupted)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []  # klear lab ... -- <jupyter lab's arguments>
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     args = build_parser().parse_args(argv)
+    args.jupyter_args = extra
     try:
+        if extra and args.command != "lab":
+            raise KlearError(f"arguments after -- are for `klear lab` only, got: {' '.join(extra)}")
         return args.func(args, Layout.from_args(args))
     except KlearError as err:
         print(f"klear: error: {err}", file=sys.stderr)

@@ -52,13 +52,51 @@ UNITS_DIR = "units"
 TRACKING_DIR = "tracking"
 
 
-def unit_tracking_dir(metrics_path: str | os.PathLike, report_to: str) -> Path | None:
-    """Where a unit's experiment tracker writes: ``<run dir>/tracking/<unit>`` beside ``<run dir>/units/<unit>.jsonl``
-    (so its files outlive anything the unit deletes); ``None`` when ``report_to`` is ``"none"``."""
+_CURRENT_UNIT: str | None = None  # in a worker: the key of the unit it runs (set by _call)
+
+
+@dataclass(frozen=True)
+class UnitTracking(os.PathLike):
+    """Where a unit's experiment tracker writes and under which names: the notebook's run directory's
+    ``tracking/<tracker>/`` (``tracking/tensorboard/gppo/lr=0.0001/seed=0``: TensorBoard shows the unit's key as its
+    run; wandb's offline run folder goes there too; trackio keeps one database per run directory,
+    ``tracking/trackio``, with the unit as the run and the notebook as the project). As a path it is the folder."""
+
+    tracker: str
+    root: Path  # <run dir>/tracking
+    project: str  # the notebook's name
+    run_name: str  # the unit's key
+
+    @property
+    def folder(self) -> Path:
+        if self.tracker == "trackio":
+            return self.root / "trackio"
+        parts = [re.sub(r"[^A-Za-z0-9._=-]+", "_", p) for p in self.run_name.split("/") if p not in ("", ".", "..")]
+        return self.root.joinpath(self.tracker, *parts)
+
+    def __fspath__(self) -> str:
+        return str(self.folder)
+
+
+def _run_root(folder: Path) -> Path:
+    """The notebook's run directory that holds ``folder`` (the nearest with a config.json: run_jobs may run in a
+    subfolder, 03's ``control/``), else ``folder`` itself."""
+    for candidate in (folder, *list(folder.parents)[:2]):
+        if (candidate / runs.CONFIG_FILE).is_file():
+            return candidate
+    return folder
+
+
+def unit_tracking_dir(metrics_path: str | os.PathLike, report_to: str) -> UnitTracking | None:
+    """Where a unit's experiment tracker writes (``UnitTracking``), beside ``units/<unit>.jsonl`` in the notebook's
+    run directory, so that its files outlive anything the unit deletes; ``None`` when ``report_to`` is ``"none"``.
+    The unit's key comes from the worker (``run_jobs``); outside one, its file name."""
     if report_to == "none":
         return None
     unit = Path(metrics_path)
-    return unit.parent.parent / TRACKING_DIR / unit.stem
+    root = _run_root(unit.parent.parent)
+    key = _CURRENT_UNIT if _CURRENT_UNIT and Job(_CURRENT_UNIT, "m:f").slug == unit.stem else unit.stem
+    return UnitTracking(report_to, root / TRACKING_DIR, root.parent.name, key)
 
 
 @dataclass(frozen=True)
@@ -189,7 +227,11 @@ def _parent_death_signal(sig: int) -> None:
         pass
 
 
-def _init_worker(threads: int, parent: int = 0, owner: str | None = None, lock: str | None = None) -> None:
+def _init_worker(threads: int, parent: int = 0, owner: str | None = None, lock: str | None = None,
+                 env: dict | None = None) -> None:
+    # First, before anything imports trackio (TRL imports it with itself): trackio reads TRACKIO_DIR once, at
+    # import, so every unit of this run logs to the run's one trackio folder (UnitTracking).
+    os.environ.update(env or {})
     global _PARENT, _OWNER
     _PARENT, _OWNER = parent, owner
     try:
@@ -238,7 +280,9 @@ def _watch() -> None:
     _end_worker()
 
 
-def _call(fn: str, kwargs: dict, metrics_path: str) -> dict:
+def _call(fn: str, kwargs: dict, metrics_path: str, key: str | None = None) -> dict:
+    global _CURRENT_UNIT
+    _CURRENT_UNIT = key  # the unit's name for its experiment tracker (unit_tracking_dir)
     module, name = fn.split(":")
     func = getattr(importlib.import_module(module), name)
     start = time.perf_counter()
@@ -288,13 +332,17 @@ def _check_owner(owner: str | None) -> None:
 
 
 def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, threads: int = 1,
-             progress=print, busy_wait_s: float = 30.0) -> dict[str, dict]:
+             progress=print, busy_wait_s: float = 30.0, bars: str = "auto",
+             progress_every_s: float = 15.0) -> dict[str, dict]:
     """Run ``jobs`` (``workers`` at a time, each with ``threads`` torch threads) and return ``{key: result}``.
 
     Done jobs (a result file in ``run_dir/units``) are not run again. The first failure stops the run: the jobs
     not yet started are cancelled, the running ones finish and are recorded, then ``JobFailed`` is raised with
     the worker's traceback. ``RunBusy`` when another ``run_jobs`` drives ``run_dir``, or when workers of an
     earlier attempt still run there after ``busy_wait_s`` seconds; ``OwnerGone`` when ``klear run`` died.
+    Progress inside the units comes from their records as they are written (``UnitProgress``): ``bars="auto"``
+    shows tqdm widgets in JupyterLab and lines through ``progress`` (at most one per unit every
+    ``progress_every_s`` seconds) elsewhere; ``"none"``: the done lines only.
     """
     run_dir = Path(run_dir)
     keys = [j.key for j in jobs]
@@ -314,7 +362,7 @@ def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, t
         raise RunBusy(f"{run_dir} is being run by another process (it holds {units / RUN_LOCK}): "
                       "let it finish, or end it, before running this directory again")
     try:
-        return _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, owner)
+        return _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, owner, bars, progress_every_s)
     finally:
         driver.close()
 
@@ -327,7 +375,8 @@ def _flock_mode(name: str) -> int:
     return getattr(fcntl, name)
 
 
-def _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, owner) -> dict[str, dict]:
+def _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, owner, bars,
+                progress_every_s) -> dict[str, dict]:
     units = run_dir / UNITS_DIR
     earlier = _lock(units / WORKERS_LOCK, _flock_mode("LOCK_EX"), wait_s=0.0)
     if earlier is None:
@@ -354,15 +403,18 @@ def _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, ow
     clock = time.perf_counter()
     failure = None
     ctx = multiprocessing.get_context("spawn")
+    worker_env = {"TRACKIO_DIR": str(_run_root(run_dir) / TRACKING_DIR / "trackio")}
     pool = cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
-                                  initargs=(threads, os.getpid(), owner, str(units / WORKERS_LOCK)))
+                                  initargs=(threads, os.getpid(), owner, str(units / WORKERS_LOCK), worker_env))
     try:
         futures = {}
         for job in todo:
             metrics, _ = _paths(run_dir, job)
-            futures[pool.submit(_call, job.fn, job.kwargs, str(metrics))] = job
+            futures[pool.submit(_call, job.fn, job.kwargs, str(metrics), job.key)] = job
         done_count = len(results)
-        for fut in cf.as_completed(futures):
+        live = UnitProgress(todo, run_dir, mode=bars, progress=progress, every_s=progress_every_s,
+                            done=len(results), total=len(jobs))
+        for fut in _as_completed(futures, live.poll):
             job = futures[fut]
             try:
                 result = fut.result()
@@ -380,13 +432,17 @@ def _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, ow
             runs.write_atomic(_paths(run_dir, job)[1], runs.to_json_text(result, "result", sort_keys=True) + "\n")
             results[job.key] = result
             done_count += 1
+            live.finished(job)
             merge_metrics(run_dir, jobs)
             elapsed = time.perf_counter() - clock
             ran = done_count - (len(jobs) - len(todo))
             left = elapsed / ran * (len(jobs) - done_count) if ran else 0.0
             progress(f"[{done_count:3d}/{len(jobs)}] {job.key} done in {results[job.key]['seconds']:.0f}s "
                      f"(elapsed {elapsed:.0f}s, about {left / 60:.1f} min left)")
+        live.close()
     except BaseException:  # Ctrl-C above all: stop now; the running units are lost (redone on the next call)
+        if "live" in locals():
+            live.close()
         # concurrent.futures has no public way to stop a running task: end its worker processes (SIGTERM, which
         # each worker turns into the end of its process group and of everything it started)
         for proc in list(getattr(pool, "_processes", {}).values()):
@@ -397,6 +453,149 @@ def _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, ow
     if failure is not None:
         raise failure
     return {k: results[k] for k in keys}
+
+
+def _as_completed(futures, poll, every_s: float = 1.0):
+    """``concurrent.futures.as_completed``, calling ``poll()`` at least every ``every_s`` seconds while it waits."""
+    pending = set(futures)
+    while pending:
+        done, pending = cf.wait(pending, timeout=every_s, return_when=cf.FIRST_COMPLETED)
+        poll()
+        yield from done
+
+
+class UnitProgress:
+    """Progress inside the running units, read from the records they write as they go (``units/<job>.jsonl``; the
+    parent polls the files, so nothing travels between processes): an RL unit's rollout records give its rollouts
+    done out of ``config["rollouts"]``, with the rollout's mean reward, the fork probe (``klear/p_correct_fork``) and
+    the last held-out avg@n. A unit whose config has no ``rollouts`` (an SFT unit) shows only that it runs.
+
+    ``mode``: ``"widgets"`` (``tqdm.auto``: a bar per running unit and one for the units, whose ETA comes from the
+    units done), ``"lines"`` (a plain text bar per unit through ``progress``, at most one per unit every ``every_s``
+    seconds and one when it finishes: ``klear run``, papermill, logs), ``"none"``, or ``"auto"``: widgets in a
+    JupyterLab kernel (``notebook.launcher() == "jupyter"``, ipywidgets installed), lines elsewhere."""
+
+    def __init__(self, jobs: list[Job], run_dir: Path, *, mode: str = "auto", progress=print, every_s: float = 15.0,
+                 done: int = 0, total: int | None = None, bar=None):
+        if mode == "auto":
+            mode = "widgets" if _in_jupyter() else "lines"
+        if mode not in ("widgets", "lines", "none"):
+            raise ValueError(f"bars must be 'auto', 'widgets', 'lines' or 'none', got {mode!r}")
+        self.mode, self.progress, self.every_s, self.run_dir = mode, progress, every_s, Path(run_dir)
+        self.jobs = {j.key: j for j in jobs}
+        self.state: dict[str, dict] = {}  # key -> {"offset", "n", "reward", "p_fork", "eval", "bar", "printed"}
+        self.clock = time.perf_counter()
+        self._bar = bar
+        self.overall = None
+        if mode == "widgets":
+            self.overall = self._new_bar(total=total or len(jobs), initial=done, desc="units", unit="unit",
+                                         smoothing=0)  # smoothing 0: the ETA is the mean time per unit done
+
+    def _new_bar(self, **kwargs):
+        if self._bar is None:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm
+        return self._bar(**kwargs)
+
+    @staticmethod
+    def total(job: Job) -> int | None:
+        rollouts = (job.kwargs.get("config") or {}).get("rollouts") if isinstance(job.kwargs, dict) else None
+        return int(rollouts) if isinstance(rollouts, int) and not isinstance(rollouts, bool) else None
+
+    def _read(self, job: Job, st: dict) -> bool:
+        """New complete lines of the job's records; True when its rollout count moved."""
+        metrics, _ = _paths(self.run_dir, job)
+        try:
+            with open(metrics, "rb") as f:
+                f.seek(st["offset"])
+                chunk = f.read()
+        except OSError:
+            return False
+        end = chunk.rfind(b"\n") + 1  # a partial last line is read on a later poll
+        st["offset"] += end
+        moved = False
+        for line in chunk[:end].splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict) or "final" not in rec or "rollout" not in rec:
+                continue  # a step record: the rollout records carry the progress
+            moved |= rec["rollout"] != st["n"]
+            st["n"] = rec["rollout"]
+            for key, name in (("reward", "reward"), ("klear/p_correct_fork", "p_fork"), ("eval/avg_at_n", "eval")):
+                if isinstance(rec.get(key), (int, float)):
+                    st[name] = rec[key]
+        return moved
+
+    def _postfix(self, st: dict) -> str:
+        parts = [f"{name} {st[name]:.3f}" for name in ("reward", "p_fork", "eval") if st.get(name) is not None]
+        return ", ".join(parts)
+
+    def poll(self) -> None:
+        if self.mode == "none":
+            return
+        if self.overall is not None:
+            self.overall.refresh()  # its elapsed time moves between units too
+        for key, job in self.jobs.items():
+            st = self.state.get(key)
+            if st is None:
+                try:  # the unit opened its records when it started: its elapsed time counts from there
+                    started = _paths(self.run_dir, job)[0].stat().st_mtime
+                except OSError:
+                    continue  # not started yet
+                st = self.state[key] = {"offset": 0, "n": 0, "printed": None, "start": min(started, time.time())}
+                if self.mode == "widgets":
+                    st["bar"] = self._new_bar(total=self.total(job), desc=key, unit="rollout", leave=False)
+            if st.get("done"):
+                continue
+            moved = self._read(job, st)
+            if self.mode == "widgets":
+                bar = st["bar"]
+                bar.n = st["n"]
+                bar.set_postfix_str(self._postfix(st), refresh=False)
+                bar.refresh()
+            elif moved and (st["printed"] is None or time.perf_counter() - st["printed"] >= self.every_s):
+                self._line(job, st)
+
+    def _line(self, job: Job, st: dict) -> None:
+        from tqdm import tqdm
+
+        st["printed"], st["printed_n"] = time.perf_counter(), st["n"]
+        meter = tqdm.format_meter(st["n"], self.total(job), time.time() - st["start"], prefix=f"  {job.key}",
+                                  unit="rollout", postfix=self._postfix(st) or None, ascii=True)
+        self.progress(meter)
+
+    def finished(self, job: Job) -> None:
+        """The unit's done mark is written: its bar ends (and the units bar moves)."""
+        st = self.state.get(job.key)
+        if st is not None and self.mode != "none":
+            self._read(job, st)
+            if self.mode == "widgets":
+                st["bar"].close()
+            elif st["printed"] is not None and st["n"] != st.get("printed_n"):
+                self._line(job, st)  # its last rollouts, if a throttled line left them out
+        if st is not None:
+            st["done"] = True
+        if self.overall is not None:
+            self.overall.update(1)
+
+    def close(self) -> None:
+        for st in self.state.values():
+            if "bar" in st and not st.get("done"):
+                st["bar"].close()
+        if self.overall is not None:
+            self.overall.close()
+
+
+def _in_jupyter() -> bool:
+    """A kernel of a Jupyter server (JupyterLab) with ipywidgets: where tqdm's widgets render."""
+    import importlib.util
+
+    from klear_lib.notebook import launcher
+
+    return launcher() == "jupyter" and importlib.util.find_spec("ipywidgets") is not None
 
 
 def unit_records(run_dir: str | os.PathLike, job: Job) -> list[dict[str, Any]]:

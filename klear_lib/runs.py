@@ -10,6 +10,7 @@ A run directory is ``<output_root>/<notebook name>/<YYYYmmdd-HHMMSS>`` (``create
 ``summary.json``    the run's final numbers (``write_summary``)
 ``notebook.ipynb``  the executed notebook, when the run went through ``klear run`` (papermill)
 ``params.json``     the notebook parameters ``klear run`` passed, written before execution
+``preset.json``     the preset the parameters are (or ``custom``, with what differs), and the launcher
 ==================  ===========================================================================
 
 Every file is written whole or not at all (``write_atomic``: a temporary file, fsync'ed, renamed), except
@@ -50,6 +51,7 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 NOTEBOOK_FILE = "notebook.ipynb"  # written by `klear run`, not by the notebook itself
 PARAMS_FILE = "params.json"  # written by `klear run` before it executes the notebook
+PRESET_FILE = "preset.json"  # which preset the run's parameters are, however it was launched (write_preset_record)
 
 # What every run directory holds, however it was run. A run through `klear run` also holds NOTEBOOK_FILE:
 # check it with `check_run_dir(d, RUN_CONTRACT + (NOTEBOOK_FILE,))`.
@@ -354,6 +356,12 @@ def write_run_metadata(run_dir: str | os.PathLike, config: Any) -> None:
     versions = {"python": sys.version.split()[0], "platform": platform.platform(), **package_versions()}
     _write_json(run_dir / VERSIONS_FILE, versions)
     _write_json(run_dir / GIT_FILE, git_info())
+
+
+def write_preset_record(run_dir: str | os.PathLike, record: Mapping[str, Any]) -> None:
+    """Write ``preset.json``: ``{"preset": name | "custom" | null, "nearest", "differs", "params", "launcher"}``
+    (``klear_lib.notebook.identify_preset``), atomically."""
+    _write_json(pathlib.Path(run_dir) / PRESET_FILE, record)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -57,6 +57,8 @@ from klear_lib.evaluation.heldout import evaluate_heldout, fork_probe
 from klear_lib.logprobs import IGNORE_INDEX, token_logprobs_and_entropy
 from klear_lib.losses import compute_policy_loss, entropy_diagnostics, positive_sample_loss
 from klear_lib.recipe import KlearLossConfig
+from klear_lib.train.tracking import add_hparams, tracking_env
+from klear_lib.train.tracking import names as tracker_names
 
 TRL_VERSION = "1.16.0"  # the TRL release whose internals this trainer overrides
 
@@ -495,6 +497,10 @@ class KlearGRPOTrainer(GRPOTrainer):
             metrics["actor/random_stop_frac"] = float(stopped.sum() / mask.sum().clamp(min=1))
         if self.focus is not None:
             metrics.update(self._focus_metrics(inputs, mask, old_log_prob, log_prob, entropy, old_entropy))
+        # TRL's names for the clip fractions too, for those who read GRPOTrainer's logs (glossary: clip_ratio/*)
+        metrics["clip_ratio/low_mean"] = metrics["actor/pg_clipfrac_low"]
+        metrics["clip_ratio/high_mean"] = metrics["actor/pg_clipfrac_high"]
+        metrics["clip_ratio/region_mean"] = metrics["actor/pg_clipfrac_low"] + metrics["actor/pg_clipfrac_high"]
         for name, value in metrics.items():
             m[name].append(value)
         denom = mask.sum().clamp(min=1.0)
@@ -672,7 +678,8 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
     ``runs.MetricsWriter``): one record per optimizer step and one per rollout. The caller sets the seed
     (``runs.set_seed``) before building the model. ``save_dir``: save the final model there through the trainer
     (every process calls it, as sharded ZeRO-3/FSDP weights need). ``tracking_dir``: where the experiment tracker
-    of ``cfg.report_to`` writes (``tracking_env``); the rollout records go to it too.
+    of ``cfg.report_to`` writes and under which names (a ``klear_lib.experiment.UnitTracking``, or a folder;
+    ``klear_lib.train.tracking``; default ``<output_dir>/tracking``); the rollout records go to it too.
     """
     tags = dict(tags or {})
     arithmetic = rows is None
@@ -698,8 +705,12 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
             return fork_token_mask(tokenizer, completion_ids, completion_mask, facts)
     dataset = Dataset.from_list(rows)
     upr = cfg.updates_per_rollout
+    output_dir = str(output_dir or tempfile.mkdtemp(prefix="klear-rl-"))
+    report_to = getattr(cfg, "report_to", "none")
+    if report_to != "none" and tracking_dir is None:  # launch.py: beside the checkpoints, named after their folder
+        tracking_dir = os.path.join(output_dir, "tracking")
     args = GRPOConfig(
-        output_dir=str(output_dir or tempfile.mkdtemp(prefix="klear-rl-")),
+        output_dir=output_dir,
         per_device_train_batch_size=_per_device(cfg.mini_batch_prompts * cfg.num_generations),  # completions per update
         steps_per_generation=upr,  # at most `upr` optimizer steps per rollout (dynamic sampling may make fewer)
         gradient_accumulation_steps=1,
@@ -728,13 +739,15 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         logging_steps=1,
         save_strategy="steps" if cfg.save_steps else "no",
         save_steps=cfg.save_steps or 500,
-        report_to=getattr(cfg, "report_to", "none"),
+        report_to=report_to,
         disable_tqdm=True,
+        **tracker_names(tracking_dir),  # the unit is the run, the notebook the project (klear_lib.train.tracking)
     )
     recorder = RolloutRecorder(writer, tags, evaluate=lambda m: evaluate(m), eval_every=cfg.eval_every, probe=probe,
                                progress=progress)
     tracking = contextlib.ExitStack()
-    tracking.enter_context(tracking_env(tracking_dir))  # the trackers read their folder when the trainer is built
+    # the trackers read their folders and names when the trainer is built
+    tracking.enter_context(tracking_env(tracking_dir if report_to != "none" else None))
     trainer = KlearGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs or [correctness_reward],
@@ -748,6 +761,7 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         callbacks=[MetricsCallback(writer, tags)],
     )
     trainer.remove_callback(PrinterCallback)  # one progress line per evaluation instead of a dict per step
+    add_hparams(trainer, cfg, args.report_to)  # TensorBoard: the resolved config as hparams
     try:
         trainer.train(resume_from_checkpoint=_last_checkpoint(args.output_dir) if cfg.save_steps else None)
     finally:
@@ -757,27 +771,6 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         if trainer.accelerator.is_main_process:
             tokenizer.save_pretrained(str(save_dir))
     return trainer.model, recorder.history
-
-
-@contextlib.contextmanager
-def tracking_env(folder):
-    """Point the experiment trackers' files at ``folder`` while a trainer trains (transformers' TensorBoard
-    callback reads ``TENSORBOARD_LOGGING_DIR``, wandb ``WANDB_DIR``, trackio ``TRACKIO_DIR``); None: unchanged."""
-    if folder is None:
-        yield
-        return
-    os.makedirs(folder, exist_ok=True)
-    keys = ("TENSORBOARD_LOGGING_DIR", "WANDB_DIR", "TRACKIO_DIR")
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update({k: str(folder) for k in keys})
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _per_device(completions_per_update: int) -> int:

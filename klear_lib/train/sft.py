@@ -27,6 +27,8 @@ from trl import SFTConfig, SFTTrainer
 from klear_lib import models
 from klear_lib.data.tasks import Problem, prompt_messages, teacher_solution
 from klear_lib.models import load_model_and_tokenizer
+from klear_lib.train.tracking import add_hparams, tracking_env
+from klear_lib.train.tracking import names as tracker_names
 
 
 @dataclass
@@ -145,9 +147,12 @@ def sft_samples(problems: list[Problem], *, error_rate: float = 0.0, seed: int =
 def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: SFTStageConfig | None = None, *,
             tracking_dir: str | Path | None = None):
     """Fine-tune ``model`` on ``samples``; returns the trained model (also saved under ``output_dir/final``).
-    With ``cfg.report_to`` set, the tracker writes to ``tracking_dir`` (default ``output_dir/tracking``)."""
+    With ``cfg.report_to`` set, the tracker writes to ``tracking_dir`` (a ``klear_lib.experiment.UnitTracking``: the
+    unit is the run, the notebook the project; ``klear_lib.train.tracking``). Without a ``tracking_dir`` nothing is
+    tracked: a base model trained once and cached for many runs belongs to no one run's tracking folder."""
     cfg = cfg or SFTStageConfig()
     output_dir = Path(output_dir)
+    tracked = tracking_dir if cfg.report_to != "none" else None
     args = SFTConfig(
         output_dir=str(output_dir),
         learning_rate=cfg.learning_rate,
@@ -162,20 +167,21 @@ def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: 
         data_seed=cfg.seed,
         use_cpu=cfg.use_cpu,
         bf16=cfg.bf16,
-        report_to=cfg.report_to,
+        report_to=cfg.report_to if tracked is not None else "none",
         logging_steps=10,
         save_strategy="steps" if cfg.save_steps else "no",
         save_steps=cfg.save_steps or 500,
         disable_tqdm=True,
         dataloader_num_workers=0,
+        **tracker_names(tracked),
     )
-    from klear_lib.train.rl import tracking_env
 
-    with tracking_env(None if cfg.report_to == "none" else (tracking_dir or output_dir / "tracking")):
+    with tracking_env(tracked):
         trainer = SFTTrainer(
             model=model, args=args, train_dataset=Dataset.from_list(samples), processing_class=tokenizer
         )
         trainer.remove_callback(PrinterCallback)  # TRL prints a dict per log step when tqdm is off
+        add_hparams(trainer, cfg, args.report_to)  # TensorBoard: the resolved config as hparams
         last = get_last_checkpoint(str(output_dir)) if cfg.resume and output_dir.exists() else None
         trainer.train(resume_from_checkpoint=last)
     final = output_dir / "final"
