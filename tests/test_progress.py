@@ -10,7 +10,9 @@ import re
 from klear_lib import experiment
 
 
-def jobs(n=2, rollouts=3, delay=0.4):
+def jobs(n=2, rollouts=3, delay=1.0):
+    # the parent polls the records every second: a record a second apart is seen before the unit ends, however
+    # slowly the machine runs the parent
     return [experiment.Job(f"arm{i}/seed=0", "jobfns:fake_rollouts",
                            {"rollouts": rollouts, "delay": delay, "config": {"rollouts": rollouts}}) for i in range(n)]
 
@@ -30,7 +32,7 @@ def test_plain_lines_show_rollouts_reward_and_probe_before_the_unit_is_done(tmp_
 
 def test_lines_are_throttled_per_unit_and_end_on_the_last_rollout(tmp_path):
     lines = []
-    experiment.run_jobs(jobs(n=1, rollouts=4, delay=0.3), tmp_path, workers=1, progress=lines.append, bars="lines",
+    experiment.run_jobs(jobs(n=1, rollouts=4), tmp_path, workers=1, progress=lines.append, bars="lines",
                         progress_every_s=60.0)
     mine = [line for line in lines if line.strip().startswith("arm0/seed=0")]
     assert len(mine) == 2 and "4/4" in mine[-1], lines  # the first line, then only the end (60 s throttle)
@@ -70,7 +72,7 @@ def test_widget_bars_one_per_unit_and_one_for_the_units(tmp_path):
     (tmp_path / "units").mkdir()
     with cf.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {pool.submit(experiment._call, j.fn, j.kwargs, str(tmp_path / "units" / f"{j.slug}.jsonl"),
-                               str(tmp_path / "units" / f"{j.slug}.json"), j.key): j for j in todo}
+                               j.key): j for j in todo}
         for fut in experiment._as_completed(futures, live.poll, every_s=0.1):
             live.finished(futures[fut])
     bars = {b.desc: b for b in FakeBar.made[1:]}
