@@ -393,6 +393,26 @@ def test_a_hang_or_death_in_a_group_costs_only_its_own_item():
     assert elapsed < 8.0  # pebble's own limit for the group task alone would be 16 s
 
 
+def test_without_a_progress_file_a_failed_group_is_graded_again_item_by_item(monkeypatch):
+    """No space for the progress file: the workers write nowhere, a group's hang is found by pebble's limit on
+    the whole task (3 items x 1 s), and the group is graded again one item per task: the hang still costs only
+    its own item."""
+    import klear_lib.rewards.pool as pool_module
+
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(pool_module.tempfile, "mkstemp", no_space)
+    items = [dict(it, gold="a") for it in ({"kind": "echo", "value": 1}, {"kind": "sleep", "value": 60},
+                                           {"kind": "echo", "value": 2})]
+    with RewardPool(behave, workers=2, timeout_s=1.0, group_key="gold", **FORK) as p:
+        t0 = time.monotonic()
+        results = p.score_batch(items)
+        elapsed = time.monotonic() - t0
+    assert results == [RewardResult(1.0, "echo"), RewardResult(-1.0, "timeout", detail="item ran past 1 s"),
+                       RewardResult(2.0, "echo")]
+    assert 3.0 + 1.0 <= elapsed < 30.0  # the group's limit, then the hung item's own
+
+
 def _children() -> set[int]:
     """Live child processes of this process, from /proc, leaving out multiprocessing's resource tracker.
 
