@@ -89,6 +89,7 @@ class EndsTheReceiver:
 @pytest.fixture(scope="module")
 def pool():
     with RewardPool(behave, workers=2, timeout_s=POOL_TIMEOUT_S) as p:
+        p.score_batch([{"kind": "echo"}] * 4)  # the spawned workers are up before any test times anything
         yield p
 
 
@@ -132,11 +133,10 @@ def test_timeout_is_a_score_and_the_worker_is_replaced():
 @pytest.mark.parametrize("kind, how", [("exit", "exit status 1"), ("sigkill", "killed by SIGKILL"),
                                        ("segfault", "killed by SIGSEGV")])
 def test_dead_worker_is_worker_died_and_the_pool_recovers(pool, kind, how):
-    """pebble reports these deaths itself (ProcessExpired), with the exit status."""
-    t0 = time.monotonic()
+    """pebble reports these deaths itself (ProcessExpired), with the exit status: when the process ends, not when
+    the item's limit runs out (that would be "timeout")."""
     (r,) = pool.score_batch([{"kind": kind}])
     assert r == RewardResult(-1.0, "worker_died", detail=f"the worker process ended while grading ({how})")
-    assert time.monotonic() - t0 < POOL_TIMEOUT_S  # seen when the process ends, not when the item's limit runs out
     # the dead worker was replaced: the next batch on the same pool is scored normally
     again = pool.score_batch([{"kind": "echo", "value": v} for v in range(4)])
     assert [r.score for r in again] == [0.0, 1.0, 2.0, 3.0]
