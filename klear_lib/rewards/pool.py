@@ -57,8 +57,8 @@ what it is (TRL's ``log_extra`` column and a running ``Counter`` on the function
 
 Workers start with ``spawn`` by default: the trainer process holds torch (and possibly CUDA) threads, and
 forking a multi-threaded process can deadlock the child; a spawned worker imports the judge's module (and runs
-the main module's top level again, as ``spawn`` does), ≈0.5 s, paid at pool start and when a killed worker is
-replaced. ``score_fn`` must therefore be picklable by reference: a module-level function of an importable module
+the main module's top level again, as ``spawn`` does), ≈0.5 s, paid at pool start (twice: the probe, then the
+workers) and when a killed worker is replaced. ``score_fn`` must therefore be picklable by reference: a module-level function of an importable module
 (``klear_lib.rewards.math.score_math``), not one defined in a notebook.
 """
 
