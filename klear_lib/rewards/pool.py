@@ -27,7 +27,7 @@ What the layer adds, because pebble 5.2.3 does not do it:
 * Progress. pebble says nothing about a task until it ends. Each task writes, into a small per-batch file
   (``/dev/shm``), which item its worker process (pid) is on and since when. The next three points use it.
 * Exit status 0. pebble ignores a worker that exits with status 0 (``os._exit(0)``): its item waited for the
-  timeout and came back as one. An item whose worker process is gone while pebble, half a second later, still
+  timeout and came back as one. An item whose worker process is gone (reaped) while pebble, 0.25 s later, still
   reports nothing is ``worker_died`` ("exit status 0": pebble reports every other exit).
 * Groups. pebble's timeout is per task and a task's results come back only when it ends. A group task's limit
   is enforced per item here, from the progress file: an item that runs past ``timeout_s`` is cancelled (pebble
@@ -58,8 +58,9 @@ what it is (TRL's ``log_extra`` column and a running ``Counter`` on the function
 Workers start with ``spawn`` by default: the trainer process holds torch (and possibly CUDA) threads, and
 forking a multi-threaded process can deadlock the child; a spawned worker imports the judge's module (and runs
 the main module's top level again, as ``spawn`` does), ≈0.5 s, paid at pool start (twice: the probe, then the
-workers) and when a killed worker is replaced. ``score_fn`` must therefore be picklable by reference: a module-level function of an importable module
-(``klear_lib.rewards.math.score_math``), not one defined in a notebook.
+workers) and when a killed worker is replaced. ``score_fn`` must therefore be picklable by reference: a
+module-level function of an importable module (``klear_lib.rewards.math.score_math``), not one defined in a
+notebook.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ POOL_REASONS = {
 }
 
 _TICK_S = 0.05  # how often the layer reads the progress file
-_EXIT_GRACE_S = 0.5  # how long pebble gets to report a worker's death before the layer takes it for an exit 0
+_EXIT_GRACE_S = 0.25  # once a worker is reaped, how long pebble gets to report its death (it does so at once)
 _RECORD = struct.Struct("<qdd8x")  # per item: worker pid, start, end (time.monotonic(): one clock for all processes)
 
 
