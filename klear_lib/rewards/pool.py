@@ -66,6 +66,7 @@ notebook.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import math
 import multiprocessing
@@ -237,10 +238,8 @@ def _alive(pid: int) -> bool:
     """Whether process ``pid`` exists (a zombie does: pebble reaps its workers within its 0.1 s loop)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except OSError:  # ESRCH: gone and reaped; EPERM: the pid is another user's process by now
         return False
-    except PermissionError:
-        return True
     return True
 
 
@@ -263,41 +262,28 @@ def _name(fn) -> str:
 
 
 class _Progress:
-    """The per-batch file the workers write their records into (one ``_RECORD`` per item).
+    """The per-batch file the workers write their records into (one ``_RECORD`` per item, written at its offset).
 
-    Where no file can be made (no space), the workers write to /dev/null and every read is "not started": groups
-    that fail are then graded again item by item, an exit with status 0 comes back at the item's timeout, and
-    the batch deadline still holds."""
+    Where no file can be made, or written (no space), records are missing and read as "not started": a group that
+    fails is then graded again item by item, an exit with status 0 comes back at the item's timeout, and the batch
+    deadline still holds."""
 
-    def __init__(self, n: int):
-        self.fd, self.path = None, os.devnull
-        for folder in ("/dev/shm", None):  # tmpfs first: no disk writes
-            try:
-                fd, path = tempfile.mkstemp(prefix="klear-reward-", suffix=".progress", dir=folder)
-            except OSError:
-                continue
-            try:
-                os.ftruncate(fd, n * _RECORD.size)
-            except OSError:
-                os.close(fd)
-                os.unlink(path)
-                continue
-            self.fd, self.path = fd, path
-            return
+    def __init__(self):
+        try:
+            folder = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # tmpfs: no disk writes
+            self.fd, self.path = tempfile.mkstemp(prefix="klear-reward-", suffix=".progress", dir=folder)
+        except OSError:
+            self.fd, self.path = None, os.devnull
 
     def read(self, i: int) -> tuple[int, float, float]:
-        if self.fd is None:
-            return 0, 0.0, 0.0
-        record = os.pread(self.fd, _RECORD.size, i * _RECORD.size)
+        record = b"" if self.fd is None else os.pread(self.fd, _RECORD.size, i * _RECORD.size)
         return _RECORD.unpack(record) if len(record) == _RECORD.size else (0, 0.0, 0.0)
 
     def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
-            try:
+            with contextlib.suppress(OSError):  # removed by someone else: nothing left to clean
                 os.unlink(self.path)
-            except OSError:
-                pass
 
 
 @dataclass
@@ -493,7 +479,7 @@ class _Batch:
     def __init__(self, owner: RewardPool, items: list[dict]):
         self.owner, self.items = owner, items
         self.results: list[RewardResult | None] = [None] * len(items)
-        self.progress = _Progress(len(items))
+        self.progress = _Progress()
         self.tasks: dict[int, _Task] = {}  # seq -> task pebble has and the layer waits for, in seq order
         self.finished: collections.deque[_Task] = collections.deque()  # appended by pebble's threads
         self.wake = threading.Event()
