@@ -526,7 +526,7 @@ class _Batch:
                 watched = now
                 self.watch(queue, now)
             if now > deadline and (queue or self.tasks):
-                self.expire(queue, deadline_s)
+                self.expire(deadline_s)
                 return
 
     def current(self, task: _Task) -> tuple[int, int, float] | None:
@@ -619,7 +619,7 @@ class _Batch:
         self.tasks.clear()
         return tasks
 
-    def expire(self, queue, deadline_s: float) -> None:
+    def expire(self, deadline_s: float) -> None:
         """The batch deadline: every item still without a result is ``timeout``; pebble's pool is rebuilt at the
         next batch (it may be wedged: a worker that died holding its channel lock)."""
         self.cancel()
