@@ -122,7 +122,7 @@ def main():
     print("load average at start: %.2f %.2f %.2f" % os.getloadavg())
 
     items = make_items(args.items, seed=0)
-    warm = make_items(40 if args.quick else 200, seed=1)
+    warm = make_items(200, seed=1)
     n = len(items)
     grouped = RewardPool(score_math, workers=args.workers, timeout_s=10.0, group_key="gold")
     per_item = RewardPool(score_math, workers=args.workers, timeout_s=10.0)
