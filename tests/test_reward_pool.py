@@ -596,3 +596,12 @@ def test_memo_pool_does_not_keep_load_dependent_failures():
     memo.score_batch([{"response": "tx"}])  # a timeout is judged again, never served from the memo
     assert len(inner.batches) == 2 and memo.judged == 2 and memo.hits == 0
     assert memo.score_batch([]) == [] and len(inner.batches) == 2  # nothing to judge: the pool is not called
+
+
+def test_memo_keys_of_integers_past_the_decimal_conversion_limit():
+    """json.dumps raises on an int of more than 4,300 digits: the memo's key must not, and must tell such
+    integers apart."""
+    big = 7 ** 6000  # 5,071 digits
+    k1 = MemoPool.key({"tests": [{"expected": big}], "response": "x"})
+    k2 = MemoPool.key({"tests": [{"expected": big + 1}], "response": "x"})
+    assert k1 != k2 and MemoPool.key({"tests": [{"expected": 5}]}) == '{"tests": [{"expected": 5}]}'

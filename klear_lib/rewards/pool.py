@@ -651,9 +651,11 @@ class MemoPool:
 
     @staticmethod
     def key(item: Mapping) -> str:
+        """The item as canonical JSON (keys sorted); integers past Python's decimal-conversion limit (4,300 digits,
+        where ``json.dumps`` raises) are written in hexadecimal, which has no such limit."""
         import json
 
-        return json.dumps(item, sort_keys=True, default=str)
+        return json.dumps(_hex_big_ints(item), sort_keys=True, default=str)
 
     def score_batch(self, items: Sequence[Mapping]) -> list[RewardResult]:
         keys = [self.key(it) for it in items]
@@ -745,3 +747,13 @@ def make_trl_reward_func(pool: RewardPool, fields: Mapping[str, str], name: str,
     reward_func.reason_counts = collections.Counter()
     reward_func.last_results = []
     return reward_func
+
+
+def _hex_big_ints(obj):
+    if isinstance(obj, int) and not isinstance(obj, bool) and obj.bit_length() > 13_000:  # > ~3,900 digits
+        return {"int_hex": format(obj, "x")}
+    if isinstance(obj, Mapping):
+        return {k: _hex_big_ints(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_hex_big_ints(v) for v in obj]
+    return obj
