@@ -13,6 +13,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import types
 
 import numpy as np
 import pytest
@@ -605,3 +606,36 @@ def test_memo_keys_of_integers_past_the_decimal_conversion_limit():
     k1 = MemoPool.key({"tests": [{"expected": big}], "response": "x"})
     k2 = MemoPool.key({"tests": [{"expected": big + 1}], "response": "x"})
     assert k1 != k2 and MemoPool.key({"tests": [{"expected": 5}]}) == '{"tests": [{"expected": 5}]}'
+
+
+def test_a_task_acknowledged_after_a_later_one_is_not_taken_for_lost():
+    """Two workers take tasks k and k+1 and acknowledge them in either order; on a loaded machine the second
+    acknowledgement can come seconds later. A task not yet running while a later one runs is lost only after
+    the grace period (the layer's watch, driven with fake futures and a fake clock)."""
+    from klear_lib.rewards import pool as pool_mod
+
+    class Future:
+        def __init__(self, running):
+            self._running, self.cancelled = running, False
+
+        def done(self):
+            return False
+
+        def running(self):
+            return self._running
+
+        def cancel(self):
+            self.cancelled = not self._running
+            return self.cancelled
+
+    batch = pool_mod._Batch.__new__(pool_mod._Batch)
+    batch.owner = types.SimpleNamespace(failure_score=-1.0, timeout_s=30.0)
+    batch.results, batch.last_started = [None, None], -1
+    batch.current = lambda task: None  # nothing in the progress file yet
+    slow, later = pool_mod._Task([0], 0, Future(False)), pool_mod._Task([1], 1, Future(True))
+    batch.tasks = {0: slow, 1: later}
+    batch.watch([], now=100.0)
+    batch.watch([], now=100.0 + pool_mod._LOST_GRACE_S / 2)
+    assert batch.results == [None, None] and not slow.future.cancelled  # late, not lost
+    batch.watch([], now=100.0 + pool_mod._LOST_GRACE_S + 0.1)
+    assert slow.future.cancelled and batch.results[0].reason == "worker_died" and batch.results[1] is None

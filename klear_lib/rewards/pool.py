@@ -36,8 +36,10 @@ What the layer adds, because pebble 5.2.3 does not do it:
   is the backstop. A hang costs its own item, grouped or not (benchmarks/bench_pool_faults.py).
 * Lost tasks (an open pebble problem). A worker that dies after taking a task from pebble's pipe but before
   acknowledging it loses the task: it never starts, so its timeout never runs. Workers take tasks in order, so a
-  task still not started when a later one has is lost: ``worker_died``. Every other silence (e.g. a worker that
-  died holding pebble's channel lock, which stalls the other workers for 60 s) is bounded by the batch deadline,
+  task still not started 10 s after a later one has started is lost: ``worker_died`` (not at once: two workers
+  acknowledge the tasks they took in either order, seconds apart on a loaded machine). Every other silence (e.g. a
+  worker that died holding pebble's channel lock, which stalls the other workers for 60 s) is bounded by the batch
+  deadline,
   ``start_timeout_s + 2 * timeout_s * ceil(items / workers)`` (each item timed out twice, after a group's and its
   own attempt, on every worker): what has no result by then is ``timeout``, and pebble's pool is rebuilt.
 * A broken pool. A worker that dies while no task runs (the OOM killer taking an idle worker) makes pebble fail
@@ -107,6 +109,10 @@ POOL_REASONS = {
 
 _TICK_S = 0.05  # how often the layer reads the progress file
 _EXIT_GRACE_S = 0.25  # once a worker is reaped, how long pebble gets to report its death (it does so at once)
+# how long a task may stay unstarted after a later one started before it counts as lost: two workers that took
+# tasks k and k+1 acknowledge them in either order, and on a loaded machine the second acknowledgement can come
+# seconds after the first (a lost task is rare; waiting for it costs only time)
+_LOST_GRACE_S = 10.0
 _RECORD = struct.Struct("<qdd8x")  # per item: worker pid, start, end (time.monotonic(): one clock for all processes)
 
 
@@ -293,6 +299,7 @@ class _Task:
     future: object
     done: int = 0  # items of the task the progress file shows finished
     gone_since: float | None = None  # when its worker process was first seen gone while pebble said nothing
+    behind_since: float | None = None  # when a later task was first seen running while this one was not
 
 
 class RewardPool:
@@ -580,7 +587,10 @@ class _Batch:
             self.last_started = max(self.last_started, running[-1].seq)
         for task in pending:
             if not task.future.running():
-                if task.seq < self.last_started and task.future.cancel():
+                if task.seq < self.last_started:
+                    task.behind_since = task.behind_since or now
+                if (task.behind_since is not None and now - task.behind_since >= _LOST_GRACE_S
+                        and task.future.cancel()):
                     del self.tasks[task.seq]
                     if len(task.indices) > 1:
                         queue.extend([i] for i in task.indices)
