@@ -458,7 +458,11 @@ def unit_pool(mode: str, test_timeout_s: float, workers: int = 2) -> RewardPool:
 
 @pytest.fixture(scope="module")
 def signed_pool():
-    with unit_pool("signed", UNIT_TIMEOUT_S) as pool:  # started before any host snapshot: its workers are not new
+    # started, and its workers up, before any host snapshot: pebble starts its workers after the constructor
+    # returns, so one small batch per worker first (then the workers are not new processes of the test)
+    with unit_pool("signed", UNIT_TIMEOUT_S) as pool:
+        honest = respond("print(int(input()) + 1)")
+        pool.score_batch([{"response": honest, "tests": [{"input": "1\n", "output": "2"}], "mode": "signed"}] * 4)
         yield pool
 
 

@@ -132,6 +132,13 @@ class Host:
         return n
 
 
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "?"
+
+
 @contextlib.contextmanager
 def host_unchanged(root: Path):
     """A `Host` planted in `root`; on exit, assert it is unchanged (see the module docstring)."""
@@ -142,7 +149,8 @@ def host_unchanged(root: Path):
     already = set(descendants())
     yield h
     try:
-        assert [p for p in descendants() if p not in already] == []
+        new = [p for p in descendants() if p not in already]
+        assert new == [], [(p, _cmdline(p.split()[0])) for p in new]
         assert h.connections() == 0
         assert h.state() == before
     finally:
