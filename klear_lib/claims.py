@@ -48,9 +48,10 @@ SIGN_FLIP_FROM = 6  # from this many seeds the sign-flip test must agree
 VERDICTS = ("reproduced", "reversed", "inconclusive")
 CHECK_RESULTS = ("pass", "fail")
 ROLES = ("primary", "secondary", "check")
-CLAIM_FIELDS = ("id", "claim", "source", "metric", "role", "effect", "ci_low", "ci_high", "seeds", "p_value",
-                "p_t", "p_sign", "sd", "mde", "per_seed", "direction", "verdict")
-OPTIONAL_FIELDS = ("note", "notebook", "scope", "p_adjusted", "expect", "outcome", "arms", "preset")
+BASE_FIELDS = ("id", "claim", "source", "metric", "role", "effect", "seeds", "verdict")  # every claim and check
+PAIRED_FIELDS = ("ci_low", "ci_high", "p_value", "p_t", "p_sign", "sd", "mde", "per_seed", "direction")
+CLAIM_FIELDS = BASE_FIELDS + PAIRED_FIELDS  # a primary or secondary claim (and a paired check)
+OPTIONAL_FIELDS = ("note", "notebook", "scope", "p_adjusted", "expect", "outcome", "arms", "preset", "criterion")
 DECLARED_FIELDS = ("id", "role", "claim", "source", "metric", "direction", "scope")
 DECLARED_OPTIONAL = ("expect", "arms")
 
@@ -270,6 +271,19 @@ def _none_if_nan(x: float):
     return None if x is None or not math.isfinite(x) else x
 
 
+def check(id: str, claim: str, source: str, metric: str, passed: bool, value: float, *, criterion: str,
+          seeds: int = 1, note: str = "", scope: str = "") -> dict:
+    """A pipeline check that is not a paired comparison (e.g. "every loss gave the same run on-policy"):
+    ``pass``/``fail`` by ``passed``, with the measured ``value`` and the ``criterion`` it was held to."""
+    out = {"id": id, "claim": claim, "source": source, "metric": metric, "role": "check", "effect": float(value),
+           "seeds": int(seeds), "verdict": "pass" if passed else "fail", "criterion": criterion}
+    if note:
+        out["note"] = note
+    if scope:
+        out["scope"] = scope
+    return out
+
+
 def finalize(claim_list: list[dict], declared: Mapping[str, Mapping] | None = None, *, alpha: float = ALPHA,
              where: str = "claims") -> list[dict]:
     """Holm-adjust the secondary claims' p-values within the list (a notebook's claims) and set their verdicts;
@@ -285,7 +299,7 @@ def finalize(claim_list: list[dict], declared: Mapping[str, Mapping] | None = No
         for c in claim_list:
             d = declared[c["id"]]
             for f in ("role", "direction", "claim", "source", "metric"):
-                if c[f] != d[f]:
+                if f in c and c[f] != d[f]:
                     raise ValueError(f"{where} ({c['id']}): {f} {c[f]!r} differs from the declared {d[f]!r}")
     roles = [c["role"] for c in claim_list]
     if any(r != "check" for r in roles) and roles.count("primary") != 1:
@@ -309,7 +323,8 @@ def expected_verdict(c: Mapping, *, alpha: float = ALPHA) -> str:
 
 def validate_claims(claims, *, where: str = "claims", alpha: float = ALPHA) -> list[dict]:
     """Check a list of claims (the ``summary["claims"]`` contract); raise ValueError naming the claim and the
-    field. Returns the list."""
+    field. A primary or secondary claim, and a check against an expected verdict, carry the paired statistics
+    (``CLAIM_FIELDS``); a plain check (``check``) carries ``BASE_FIELDS`` and its ``criterion``. Returns the list."""
     if not isinstance(claims, list):
         raise ValueError(f"{where} must be a list of claim dicts, got {type(claims).__name__}")
     ids = set()
@@ -317,7 +332,9 @@ def validate_claims(claims, *, where: str = "claims", alpha: float = ALPHA) -> l
         at = f"{where}[{i}]"
         if not isinstance(c, Mapping):
             raise ValueError(f"{at} must be a dict, got {type(c).__name__}")
-        missing = [f for f in CLAIM_FIELDS if f not in c]
+        plain = c.get("role") == "check" and "expect" not in c
+        required = BASE_FIELDS + (("criterion",) if plain else PAIRED_FIELDS)
+        missing = [f for f in required if f not in c]
         if missing:
             raise ValueError(f"{at} ({c.get('id', '?')}): missing field(s) {missing}")
         unknown = sorted(set(c) - set(CLAIM_FIELDS) - set(OPTIONAL_FIELDS))
@@ -330,36 +347,42 @@ def validate_claims(claims, *, where: str = "claims", alpha: float = ALPHA) -> l
                 raise ValueError(f"{at}.{f} must be a non-empty string, got {c[f]!r}")
         if c["role"] not in ROLES:
             raise ValueError(f"{at}.role must be one of {ROLES}, got {c['role']!r}")
-        for f in ("effect", "ci_low", "ci_high"):
-            if not _finite(c[f]):
-                raise ValueError(f"{at}.{f} must be a finite number, got {c[f]!r}")
-        for f in ("p_value", "p_t", "p_sign") + (("p_adjusted",) if c["role"] == "secondary" else ()):
-            if f not in c or not _finite(c[f]) or not 0 <= c[f] <= 1:
-                raise ValueError(f"{at}.{f} must be a probability, got {c.get(f)!r}")
-        for f in ("sd", "mde"):
-            if c[f] is not None and (not _finite(c[f]) or c[f] < 0):
-                raise ValueError(f"{at}.{f} must be a non-negative number or null, got {c[f]!r}")
-        if not isinstance(c["seeds"], int) or isinstance(c["seeds"], bool) or c["seeds"] < 1:
+        if not _finite(c["effect"]):
+            raise ValueError(f"{at}.effect must be a finite number, got {c['effect']!r}")
+        if not isinstance(c["seeds"], int) or isinstance(c["seeds"], bool) or c["seeds"] < (0 if plain else 1):
             raise ValueError(f"{at}.seeds must be a positive int, got {c['seeds']!r}")
-        if not isinstance(c["per_seed"], Mapping) or len(c["per_seed"]) != c["seeds"]:
-            raise ValueError(f"{at}.per_seed must map each of the {c['seeds']} seeds to its difference")
-        if c["direction"] not in (1, -1):
-            raise ValueError(f"{at}.direction must be +1 or -1, got {c['direction']!r}")
         allowed = CHECK_RESULTS if c["role"] == "check" else VERDICTS
         if c["verdict"] not in allowed:
             raise ValueError(f"{at}.verdict must be one of {allowed} for a {c['role']} claim, got {c['verdict']!r}")
-        if not c["ci_low"] - 1e-12 <= c["effect"] <= c["ci_high"] + 1e-12:
-            raise ValueError(f"{at}: effect {c['effect']} is outside its interval [{c['ci_low']}, {c['ci_high']}]")
-        expected = expected_verdict(c, alpha=alpha)
-        if c["verdict"] != expected:
-            p = c.get("p_adjusted", c["p_value"])
-            raise ValueError(f"{at}: verdict {c['verdict']!r} does not follow from effect {c['effect']:.4g}, p "
-                             f"{p:.4g} at {c['seeds']} seeds (direction {c['direction']}): the rule gives "
-                             f"{expected!r}")
+        if not plain:
+            _validate_paired(c, at, alpha)
         if c["id"] in ids:
             raise ValueError(f"{at}: claim id {c['id']!r} is used twice")
         ids.add(c["id"])
     return claims
+
+
+def _validate_paired(c: Mapping, at: str, alpha: float) -> None:
+    for f in ("ci_low", "ci_high"):
+        if not _finite(c[f]):
+            raise ValueError(f"{at}.{f} must be a finite number, got {c[f]!r}")
+    for f in ("p_value", "p_t", "p_sign") + (("p_adjusted",) if c["role"] == "secondary" else ()):
+        if f not in c or not _finite(c[f]) or not 0 <= c[f] <= 1:
+            raise ValueError(f"{at}.{f} must be a probability, got {c.get(f)!r}")
+    for f in ("sd", "mde"):
+        if c[f] is not None and (not _finite(c[f]) or c[f] < 0):
+            raise ValueError(f"{at}.{f} must be a non-negative number or null, got {c[f]!r}")
+    if not isinstance(c["per_seed"], Mapping) or len(c["per_seed"]) != c["seeds"]:
+        raise ValueError(f"{at}.per_seed must map each of the {c['seeds']} seeds to its difference")
+    if c["direction"] not in (1, -1):
+        raise ValueError(f"{at}.direction must be +1 or -1, got {c['direction']!r}")
+    if not c["ci_low"] - 1e-12 <= c["effect"] <= c["ci_high"] + 1e-12:
+        raise ValueError(f"{at}: effect {c['effect']} is outside its interval [{c['ci_low']}, {c['ci_high']}]")
+    expected = expected_verdict(c, alpha=alpha)
+    if c["verdict"] != expected:
+        p = c.get("p_adjusted", c["p_value"])
+        raise ValueError(f"{at}: verdict {c['verdict']!r} does not follow from effect {c['effect']:.4g}, p "
+                         f"{p:.4g} at {c['seeds']} seeds (direction {c['direction']}): the rule gives {expected!r}")
 
 
 def _finite(x) -> bool:
@@ -398,8 +421,8 @@ def load_declared(path: str | Path) -> dict[str, dict]:
             raise ValueError(f"{at}.role must be one of {ROLES}, got {d['role']!r}")
         if d["direction"] not in (1, -1):
             raise ValueError(f"{at}.direction must be 1 or -1, got {d['direction']!r}")
-        if (d["role"] == "check") != ("expect" in d):
-            raise ValueError(f"{at}: expect (one of {VERDICTS}) is given for checks and only for them")
+        if "expect" in d and d["role"] != "check":
+            raise ValueError(f"{at}: expect (one of {VERDICTS}) is given for checks only")
         if "expect" in d and d["expect"] not in VERDICTS:
             raise ValueError(f"{at}.expect must be one of {VERDICTS}, got {d['expect']!r}")
         if d["id"] in out:
@@ -420,6 +443,19 @@ def declared_claim(declared: Mapping[str, Mapping], id: str, a: Mapping, b: Mapp
     d = declared[id]
     return paired_claim(id, d["claim"], d["source"], d["metric"], a, b, direction=d["direction"], role=d["role"],
                         note=note, scope=d["scope"], expect=d.get("expect"), alpha=alpha)
+
+
+def declared_check(declared: Mapping[str, Mapping], id: str, passed: bool, value: float, *, criterion: str,
+                   seeds: int = 1, note: str = "") -> dict:
+    """``check`` with the wording and scope of the declared check ``id``."""
+    if id not in declared:
+        raise KeyError(f"check {id!r} is not declared (declared: {list(declared)})")
+    d = declared[id]
+    if d["role"] != "check" or "expect" in d:
+        raise ValueError(f"{id!r} is declared as a {d['role']} claim" + (" with expect" if "expect" in d else "") +
+                         ": use declared_claim")
+    return check(id, d["claim"], d["source"], d["metric"], passed, value, criterion=criterion, seeds=seeds,
+                 note=note, scope=d["scope"])
 
 
 # -- read-outs of a curve ----------------------------------------------------------------------------------------

@@ -239,6 +239,21 @@ def _claim(id, role, diffs, direction=1):
                                role=role, direction=direction)
 
 
+def test_a_plain_check_passes_or_fails_and_validates(tmp_path):
+    path = tmp_path / "claims.yaml"
+    path.write_text("- {id: ctl, role: check, claim: on-policy runs agree, source: reference §1, metric: spread, "
+                    "direction: 1, scope: the pipeline}\n")
+    declared = claims.load_declared(path)
+    ok = claims.declared_check(declared, "ctl", True, 0.0, criterion="spread < 1e-5")
+    bad = claims.declared_check(declared, "ctl", False, 0.3, criterion="spread < 1e-5")
+    assert ok["verdict"] == "pass" and bad["verdict"] == "fail" and ok["criterion"] == "spread < 1e-5"
+    assert claims.finalize([ok], declared) == [ok]
+    with pytest.raises(ValueError, match=r"missing field\(s\) \['criterion'\]"):
+        claims.validate_claims([{k: v for k, v in ok.items() if k != "criterion"}])
+    with pytest.raises(ValueError, match="verdict must be one of"):
+        claims.validate_claims([{**ok, "verdict": "reproduced"}])
+
+
 def test_finalize_holm_adjusts_only_the_secondaries():
     strong = [1.0, 1.2, 0.9, 1.1, 1.05, 0.95, 1.0, 1.1]
     weak = [0.3, -0.1, 0.5, 0.2, 0.4, -0.05, 0.35, 0.1]  # p_t about 0.02: decided alone, not after Holm with 3
@@ -285,7 +300,8 @@ def test_finalize_wants_one_primary_and_the_declared_claims(tmp_path):
     ("- {id: a, role: primary, claim: c, source: s, metric: m, direction: 2, scope: x}\n", "direction must be"),
     ("- {id: a, role: main, claim: c, source: s, metric: m, direction: 1, scope: x}\n", "role must be one of"),
     ("- {id: a, role: primary, claim: c, source: s, metric: m, direction: 1}\n", r"missing field\(s\) \['scope'\]"),
-    ("- {id: a, role: check, claim: c, source: s, metric: m, direction: 1, scope: x}\n", "expect"),
+    ("- {id: a, role: primary, claim: c, source: s, metric: m, direction: 1, scope: x, expect: reproduced}\n",
+     "checks only"),
     ("- {id: a, role: secondary, claim: c, source: s, metric: m, direction: 1, scope: x}\n", "exactly one primary"),
     ("{id: a}\n", "non-empty list"),
 ])
