@@ -12,21 +12,41 @@ export KLEAR_REQUIRE_VERL := 1
 
 .PHONY: reproduce test lab setup notebooks bench clean-venv
 
-# Create the venv if missing and install the pinned packages. torch==2.13.0 first: on these machines it is the
-# CPU wheel on disk, and installing it before anything else keeps pip from pulling a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+# Create the venv if missing and install the pinned packages. With Python 3.11 on Linux x86_64 (the project's
+# machines and CI) every version comes from the CPU environment's lock (docs/scale.md), torch first: its CPU build,
+# from pip's configured sources or else PyTorch's CPU index, so that pip never pulls the multi-GB CUDA build.
+# Elsewhere the versions come from pyproject.toml's pins (the same for the packages it names).
+CPU_LOCK := locks/cpu-py311.txt
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+VERL_VERSION := 0.9.1
+$(STAMP): pyproject.toml $(CPU_LOCK)
 	@# The code sandbox runs untrusted programs under Debian's bubblewrap: install it if it is missing.
 	@command -v bwrap >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,lab,verl-test]'
-	@# verl's policy-loss code for tests/test_verl.py, without its hydra dependency (it clashes with math-verify's
-	@# antlr build and breaks every pytest run through hydra's pytest plugin).
-	$(PY) -m pip install -q --no-deps verl==0.9.1
+	$(PY) -m pip install -q pip==26.3
+	@if $(PY) -c 'import platform, sys; sys.exit(not (sys.version_info[:2] == (3, 11) and sys.platform == "linux" \
+	      and platform.machine() == "x86_64"))'; then \
+	  torch=$$(grep '^torch==' $(CPU_LOCK)); set -ex; \
+	  $(PY) -m pip install -q $$torch 2>/dev/null || $(PY) -m pip install -q --extra-index-url $(TORCH_CPU_INDEX) $$torch; \
+	  $(PY) -m pip install -q -r $(CPU_LOCK); \
+	  $(PY) -m pip install -q --no-deps -e .; \
+	else \
+	  echo "not Python 3.11 on Linux x86_64: installing pyproject.toml's pins, not $(CPU_LOCK)"; \
+	  torch=$$(grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"'); set -ex; \
+	  $(PY) -m pip install -q $$torch+cpu 2>/dev/null || $(PY) -m pip install -q --extra-index-url $(TORCH_CPU_INDEX) \
+	    $$torch+cpu 2>/dev/null || $(PY) -m pip install -q $$torch; \
+	  $(PY) -m pip install -q -e '.[test,lab,verl-test]'; \
+	fi
+	@# verl's policy-loss code for tests/test_verl.py, in a folder of its own outside site-packages (the test puts it
+	@# on sys.path): pip neither sees nor checks it, so its hydra dependency (antlr4 4.9, which clashes with
+	@# math-verify's 4.13 build) is not needed and `pip check` passes. A verl in site-packages is from an older set-up.
+	@$(PY) -m pip uninstall -y -q verl 2>/dev/null || true
+	rm -rf $(VENV)/verl-nodeps
+	$(PY) -m pip install -q --no-deps --target $(VENV)/verl-nodeps verl==$(VERL_VERSION)
 	@# torchvision/torchaudio/torchcodec next to the CPU torch break `import transformers`: never keep them.
 	@$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(PY) -m pip check
 	@touch $@
 
 setup: $(STAMP)
@@ -53,13 +73,26 @@ test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests $$(ls .nbval/*.ipynb | grep -v '/00_') $$(ls .nbval/00_*.ipynb) \
 	  --nbval-lax --sanitize-with tests/nbval_sanitize.cfg
 
-# JupyterLab on notebooks/ with jupytext's contents manager (installed with the `lab` extra): saving a notebook
-# updates both halves of its pair. Jupyter refuses to run as root without --allow-root (containers, GPU boxes).
+# JupyterLab at the repository root (so jupytext reads jupytext.toml: saving a notebook updates both halves of its
+# pair and leaves an unchanged one unchanged), opened on notebooks/, one entry per notebook (klear_lib.lab).
+# A quick run: `make lab NB=03` opens a prepared copy at the smoke preset (PRESET=... for another) in outputs/lab/.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+	$(VENV)/bin/klear lab $(if $(NB),$(NB) --preset $(if $(filter command line,$(origin PRESET)),$(PRESET),smoke))
 
+# Every benchmark at full size (minutes each: run it on a quiet machine), then one line per headline figure (each
+# script prints `RATIO <name> <value> TARGET <op> <number>`) with its target and whether it was met. A script that
+# fails is named at the end, the others still run, and the target fails. `make test` runs each at `--quick`.
+BENCH_DIR ?= benchmarks
 bench: $(STAMP)
-	$(PY) benchmarks/bench_step_time.py
+	@log=$$(mktemp); failed=0; \
+	for b in $(BENCH_DIR)/bench_*.py; do \
+	  echo "== $$b"; $(PY) $$b | tee -a $$log; rc=$${PIPESTATUS[0]}; \
+	  if [ $$rc -ne 0 ]; then echo "$$b FAILED (exit $$rc)" >> $$log.failed; failed=1; fi; \
+	done; \
+	echo "== ratios: name, value, target, met"; \
+	awk '$$1 == "RATIO" { ok = ($$5 == ">=") ? ($$3 + 0 >= $$6 + 0) : ($$3 + 0 <= $$6 + 0); \
+	  printf "%-44s %8s  %s %s  %s\n", $$2, $$3, $$5, $$6, ok ? "met" : "NOT met" }' $$log; \
+	if [ -f $$log.failed ]; then cat $$log.failed; fi; rm -f $$log $$log.failed; exit $$failed
 
 clean-venv:
 	rm -rf $(VENV)

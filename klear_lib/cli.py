@@ -2,15 +2,17 @@
 
     klear list
     klear params 03_rl_clip_variants                              # every parameter with its value in each preset
-    klear run 03_rl_clip_variants --preset tiny -p seeds=0,1 -p rl_lr=1e-4
+    klear run 03_rl_clip_variants --preset tiny -p seeds=0,1 -p lrs=1.0e-4
     klear run --resume outputs/03_rl_clip_variants/<stamp>        # continue an interrupted run (units not redone)
     klear prepare 03 --preset smoke --out build/nb/03.ipynb      # inject parameters, don't execute (nbval)
     klear reproduce --preset tiny                                 # every notebook that has params/<nb>/tiny.yaml,
                                                                   # then the report
     klear report                                                  # outputs/report.html from every run under outputs/
+    klear lab                                                     # JupyterLab at the repository, on notebooks/
+    klear lab 03 --preset smoke                                   # ... on a prepared copy in outputs/lab/
 
 A preset is ``params/<notebook>/<preset>.yaml``: a flat mapping of the notebook's parameters. ``-p key=value``
-overrides one; the value is read as YAML (``-p seed=2`` is an int, ``-p lr=1e-4`` a float, ``-p name=abc``
+overrides one; the value is read as YAML (``-p seed=2`` is an int, ``-p lr=1.0e-4`` a float, ``-p name=abc``
 a string). Every key must be a parameter of the notebook's ``parameters``-tagged cell, and every notebook
 declares ``run_dir``: klear sets it to a fresh ``outputs/<notebook>/<stamp>`` folder, where the notebook
 writes its run directory (see klear_lib.runs) and papermill writes the executed ``notebook.ipynb``.
@@ -20,7 +22,10 @@ number given for a string parameter, e.g. ``-p seeds=1``, is taken as its text),
 ``config`` (which build and validate its config) are run once on the parameters, in this process, against a
 scratch run directory; the first error names the key, the value and what was expected. Ctrl-C marks the run
 ``interrupted`` (``status.json``) and prints one line; a failed or dead kernel is recorded in ``status.json``
-with its cause and the last cell.
+with its cause and the last cell. A full disk is one line too (what failed, the free space, the ``--resume``
+command), and a run does not start with less than ``runs.min_free_mb()`` free. Every file klear writes is written
+whole or not at all (``runs.write_atomic``), papermill's ``notebook.ipynb`` included. The kernel and the units'
+workers get ``KLEAR_RUN_OWNER`` (this process): they end, and record nothing more, when it dies by any signal.
 """
 
 from __future__ import annotations
@@ -59,11 +64,11 @@ class KlearError(Exception):
 class NotebookFailed(Exception):
     """A notebook raised while papermill executed it; the partially executed copy is at `output`."""
 
-    def __init__(self, name: str, output: pathlib.Path, cause: BaseException):
+    def __init__(self, name: str, output: pathlib.Path, cause: BaseException, cell: int | None = None):
         self.name, self.output, self.cause = name, output, cause
         detail = getattr(cause, "evalue", None) or str(cause)
         ename = getattr(cause, "ename", None) or type(cause).__name__
-        cell = getattr(cause, "exec_count", None)
+        cell = getattr(cause, "exec_count", None) or cell  # In [N]: report.cell_number, as status.json has it
         where = f" in cell [{cell}]" if cell is not None else ""
         super().__init__(
             f"{name} failed{where}: {ename}: {detail}\n  partially executed notebook: {output}"
@@ -161,14 +166,51 @@ def parse_value(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
 
 
-def load_yaml_file(path: str | os.PathLike) -> Any:
+def load_yaml_file(path: str | os.PathLike, *, like_yaml_1_1: bool = False) -> Any:
     """A preset or config file, read as the CLI reads values (``1e-4`` is a float): one parser for the CLI's
-    presets and ``-p`` overrides and for ``klear_lib.train.launch``'s config files."""
-    with open(path, encoding="utf-8") as f:
-        try:
-            return yaml.load(f, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
-        except yaml.YAMLError as err:
-            raise KlearError(f"{path}: not valid YAML: {err}") from None
+    presets and ``-p`` overrides and for ``klear_lib.train.launch``'s config files.
+
+    ``like_yaml_1_1`` (presets: papermill reads them too, ``papermill -f``): the file must also read the same under
+    ``yaml.safe_load`` (YAML 1.1, papermill's reader), where ``4e-3`` is the string ``'4e-3'``; a file that differs
+    is refused, naming the key and a spelling both readers agree on (``0.004``, ``4.0e-3``)."""
+    try:
+        text = pathlib.Path(path).read_text(encoding="utf-8")
+        ours = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as err:
+        raise KlearError(f"{path}: not valid YAML: {err}") from None
+    differs = _first_difference(ours, yaml.safe_load(text)) if like_yaml_1_1 else None
+    if differs is not None:
+        where, value, other = differs
+        hint = f"; write {_float_text(value)}" if isinstance(value, float) and isinstance(other, str) else ""
+        raise KlearError(f"{path}: {where} is the {type(other).__name__} {other!r} under YAML 1.1 (yaml.safe_load, "
+                         f"papermill's reader) but the {type(value).__name__} {value!r} under klear's reader{hint}")
+    return ours
+
+
+def _float_text(value: float) -> str:
+    """A float as YAML 1.1 reads it back as a float: ``0.004`` -> ``4.0e-3``-style text with a dot."""
+    text = repr(value)
+    if "e" in text and "." not in text.split("e")[0]:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}.0e{exponent}"
+    return text
+
+
+def _first_difference(a: Any, b: Any, where: str = "") -> tuple[str, Any, Any] | None:
+    """The first place (``key``, ``key.sub``, ``key[2]``) where two loaded YAML documents differ in value or type."""
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        for key in a:
+            found = _first_difference(a[key], b[key], f"{where}.{key}" if where else str(key))
+            if found:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            found = _first_difference(x, y, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    return None if type(a) is type(b) and a == b else (where or "the document", a, b)
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
@@ -203,7 +245,7 @@ def _load_params_with_sources(
         if not presets:
             raise KlearError(f"no presets for notebook {name!r}: {params_dir / name} has no *.yaml")
         raise KlearError(f"no preset {preset!r} for {name}; its presets: {', '.join(presets)}")
-    loaded = load_yaml_file(path)
+    loaded = load_yaml_file(path, like_yaml_1_1=True)
     loaded = {} if loaded is None else loaded
     if not isinstance(loaded, dict):
         raise KlearError(f"{path}: a preset must be a mapping of parameter: value, got {type(loaded).__name__}")
@@ -271,11 +313,26 @@ def validate_params(
             )
 
 
-def _default_value(param: Mapping[str, Any]) -> Any:
+def notebook_default(param: Mapping[str, Any]) -> Any:
+    """The value of one of ``notebook_parameters``' entries (its default's source text, evaluated as a literal);
+    None when it is not a literal."""
     try:
         return ast.literal_eval(str(param.get("default")))
     except (ValueError, SyntaxError):
         return None
+
+
+_default_value = notebook_default
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two parameter values are the same: a bool only equals a bool, numbers compare as numbers (``3`` is
+    ``3.0``), anything else by ``==`` (``"1e-4"`` is not ``1e-4``)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    return type(a) is type(b) and a == b
 
 
 def check_types(params: Mapping[str, Any], declared: Mapping[str, Mapping[str, Any]], *, notebook: str = "the notebook",
@@ -397,25 +454,33 @@ def _oom_kills() -> int | None:
 
 
 def _last_cell(output: pathlib.Path) -> dict:
-    """The cell papermill was executing (or that failed) in a partially executed notebook: index and first line."""
+    """The cell papermill was executing (or that failed) in a partially executed notebook: its number (``In [N]``,
+    ``report.cell_number``: the one numbering of the CLI, ``status.json`` and the report) and first line."""
     try:
         import nbformat
 
         nb = nbformat.read(str(output), as_version=4)
     except Exception:  # noqa: BLE001 (a notebook papermill never wrote)
         return {}
+    from klear_lib.report import cell_number
+
     for pos, cell in enumerate(nb.cells):
         state = ((cell.get("metadata") or {}).get("papermill") or {}).get("status")
         if state in ("running", "failed"):
             first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""
-            return {"cell": pos, "cell_source": first[:120], "cell_status": state}
+            return {"cell": cell_number(nb.cells, pos), "cell_source": first[:120], "cell_status": state}
     return {}
 
 
-def _write_status(run_dir: pathlib.Path, status: dict) -> None:
-    path = run_dir / STATUS_FILE
-    path.write_text(runs.to_json_text({**status, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n",
-                    encoding="utf-8")
+def _write_status(run_dir: pathlib.Path, status: dict) -> bool:
+    """Write ``status.json`` whole or not at all; False (nothing written) when the disk is full or unwritable:
+    the line klear prints says what happened either way."""
+    try:
+        runs.write_atomic(run_dir / STATUS_FILE,
+                          runs.to_json_text({**status, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n")
+    except OSError:
+        return False
+    return True
 
 
 def _finish_record(run_dir: pathlib.Path, clock: float) -> None:
@@ -429,7 +494,96 @@ def _finish_record(run_dir: pathlib.Path, clock: float) -> None:
         return
     record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     record["seconds"] = round(record.get("seconds_before", 0.0) + time.monotonic() - clock, 1)
-    path.write_text(runs.to_json_text(record, indent=2) + "\n", encoding="utf-8")
+    try:
+        runs.write_atomic(path, runs.to_json_text(record, indent=2) + "\n")
+    except OSError:  # a full disk: the record stays as it was at the start (the run's time is not known)
+        pass
+
+
+class DiskFull(NotebookFailed):
+    """The disk (or the quota) filled up during ``klear run``: one line saying what failed, the free space, and
+    the command that continues the run once there is space (every unit and run-level file written before is
+    whole: units are not redone)."""
+
+    def __init__(self, name: str, run_dir: pathlib.Path, cause: BaseException, what: str, *, resumable: bool):
+        super().__init__(name, run_dir / runs.NOTEBOOK_FILE, cause)
+        then = (f"free some space, then continue the run: klear run --resume {run_dir}" if resumable else
+                "nothing ran; free some space and run it again")
+        self.line = f"{name}: the disk is full ({what}); {runs.describe_free(run_dir)}; {then}"
+        Exception.__init__(self, self.line)
+
+    def __str__(self) -> str:
+        return self.line
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_FULL_PATH = re.compile(r"(?:No space left on device|Disk quota exceeded): '([^']+)'")
+
+
+def _disk_full_what(err: BaseException) -> str | None:
+    """What the full disk broke, from papermill's error (a cell raised: its text and traceback) or from an OSError
+    in this process; None when `err` is not about a full disk."""
+    text = _ANSI.sub("", "\n".join([str(getattr(err, "evalue", "") or ""), *(getattr(err, "traceback", None) or []),
+                                     str(err)]))
+    if not (runs.is_disk_full(err) or runs.is_disk_full(text)):
+        return None
+    cell = getattr(err, "exec_count", None)
+    found = _FULL_PATH.search(text)
+    where = f"writing {found.group(1)}" if found else (
+        f"writing {err.filename}" if isinstance(err, OSError) and err.filename else "a write failed")
+    if cell is not None:
+        where += f" in cell [{cell}], {getattr(err, 'ename', None) or type(err).__name__}"
+    return where
+
+
+def _check_free_space(path: pathlib.Path) -> None:
+    """KlearError (one line) when the filesystem of `path` has less than ``runs.min_free_mb()`` free."""
+    try:
+        need = runs.min_free_mb()
+    except ValueError as err:
+        raise KlearError(str(err)) from None
+    free = runs.free_bytes(path)
+    if free is not None and free < need * 1e6:
+        raise KlearError(f"only {free / 1e6:.1f} MB free on {path}; klear run needs {need:g} MB to start "
+                         f"({runs.MIN_FREE_ENV} sets the minimum)")
+
+
+_ATOMIC_PREFIXES: set[str] = set()
+
+
+def _write_notebook_atomically(run_dir: pathlib.Path) -> None:
+    """papermill rewrites the executed notebook after every cell with a plain ``open(path, "w")``: a full disk
+    left it cut mid-string. Its writes under ``run_dir`` go through ``runs.write_atomic`` instead (a papermill
+    I/O handler for that path prefix; no fsync, the notebook is rewritten often)."""
+    import papermill.iorw as iorw
+
+    prefix = f"{run_dir}{os.sep}"
+    if prefix in _ATOMIC_PREFIXES:
+        return
+
+    class AtomicLocalHandler(iorw.LocalHandler):
+        def write(self, buf, path):
+            runs.write_atomic(path, buf, fsync=False)
+
+    iorw.papermill_io.register(prefix, AtomicLocalHandler())
+    _ATOMIC_PREFIXES.add(prefix)
+
+
+@contextlib.contextmanager
+def _owning_the_run():
+    """``KLEAR_RUN_OWNER`` = this process, for the kernel and its unit workers (``klear_lib.experiment``): they
+    end, and record nothing more, when this process dies by any signal."""
+    from klear_lib import experiment
+
+    before = os.environ.get(experiment.OWNER_ENV)
+    os.environ[experiment.OWNER_ENV] = experiment.process_identity()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(experiment.OWNER_ENV, None)
+        else:
+            os.environ[experiment.OWNER_ENV] = before
 
 
 def run_notebook(
@@ -441,17 +595,20 @@ def run_notebook(
     progress_bar: bool = True,
     resume: str | os.PathLike | None = None,
 ) -> pathlib.Path:
-    """Execute a notebook with a preset into a new run directory and return it; NotebookFailed if it raised,
-    RunInterrupted on Ctrl-C. ``resume``: run again into that run directory, with the notebook, preset and
-    parameters its ``params.json`` recorded (``spec``, ``preset`` and ``overrides`` must not be given); the units
-    of work it finished are not redone (``klear_lib.experiment``)."""
+    """Execute a notebook with a preset into a new run directory and return it; NotebookFailed if it raised
+    (DiskFull, one line, when the disk filled up), RunInterrupted on Ctrl-C. ``resume``: run again into that run
+    directory, with the notebook, preset and parameters its ``params.json`` recorded (``spec``, ``preset`` and
+    ``overrides`` must not be given); the units of work it finished are not redone (``klear_lib.experiment``).
+    Refused (KlearError) with less than ``runs.min_free_mb()`` free on the output root."""
     import papermill
 
     if resume is not None:
+        _check_free_space(pathlib.Path(resume))
         run_dir, notebook, name, params, record = _resume_record(pathlib.Path(resume), layout)
         preset = record.get("preset", preset)
     else:
         notebook, name, params = _resolve(spec, preset, overrides, layout, dry_run=True)
+        _check_free_space(layout.output_root)
         try:
             run_dir = runs.create_run_dir(layout.output_root, name).resolve()
         except OSError as err:
@@ -460,25 +617,46 @@ def run_notebook(
         record = {"notebook": name, "notebook_path": str(notebook), "preset": preset, "params": params,
                   RUN_DIR_PARAM: str(run_dir), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     output = run_dir / runs.NOTEBOOK_FILE
-    (run_dir / runs.PARAMS_FILE).write_text(runs.to_json_text(record, indent=2) + "\n", encoding="utf-8")
+    try:
+        runs.write_atomic(run_dir / runs.PARAMS_FILE, runs.to_json_text(record, indent=2) + "\n")
+    except OSError as err:
+        what = _disk_full_what(err)
+        if what is None:
+            raise
+        if resume is None:
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()  # nothing was written in it
+        raise DiskFull(name, run_dir, err, what, resumable=resume is not None) from None
     (run_dir / STATUS_FILE).unlink(missing_ok=True)
     _warn_if_foreign_kernel()
+    _write_notebook_atomically(run_dir)
     clock, oom_before = time.monotonic(), _oom_kills()
+    # The kernel inherits these: the notebook's preset.json names klear as its launcher and compares the parameters
+    # with the presets klear read them from (klear_lib.notebook.start_run).
+    kernel_env = contextlib.ExitStack()
+    kernel_env.enter_context(_environ({"KLEAR_LAUNCHER": "klear run", "KLEAR_PARAMS_DIR": str(layout.params_dir)}))
     try:
-        papermill.execute_notebook(
-            str(notebook),
-            str(output),
-            parameters={**params, RUN_DIR_PARAM: str(run_dir)},
-            kernel_name=KERNEL_NAME,
-            progress_bar=progress_bar,
-            stdout_file=sys.stderr,  # stream the notebook's own progress lines (a long cell shows where it is)
-            cwd=str(layout.repo_root),
-        )
+        with _owning_the_run():
+            papermill.execute_notebook(
+                str(notebook),
+                str(output),
+                parameters={**params, RUN_DIR_PARAM: str(run_dir)},
+                kernel_name=KERNEL_NAME,
+                progress_bar=progress_bar,
+                stdout_file=sys.stderr,  # stream the notebook's own progress lines (a long cell shows where it is)
+                cwd=str(layout.repo_root),
+            )
     except KeyboardInterrupt:
         _write_status(run_dir, {"status": "interrupted", "cause": "Ctrl-C (SIGINT)", **_last_cell(output)})
         _finish_record(run_dir, clock)
         raise RunInterrupted(run_dir) from None
     except Exception as err:  # PapermillExecutionError, or a dead kernel: both leave `output` behind
+        full = _disk_full_what(err)
+        if full is not None:
+            _write_status(run_dir, {"status": "failed", "cause": "the disk is full", "error": full,
+                                    **_last_cell(output)})
+            _finish_record(run_dir, clock)
+            raise DiskFull(name, run_dir, err, full, resumable=True) from None
         dead = type(err).__name__ == "DeadKernelError" or "kernel died" in str(err).lower()
         oom_after = _oom_kills()
         status = {"status": "failed", "cause": "the kernel died" if dead else "a cell raised",
@@ -489,9 +667,26 @@ def run_notebook(
             status["cause"] = "the kernel died: out of memory (the cgroup's oom_kill count rose)"
         _write_status(run_dir, status)
         _finish_record(run_dir, clock)
-        raise NotebookFailed(name, output, err) from err
+        raise NotebookFailed(name, output, err, cell=status.get("cell")) from err
+    finally:
+        kernel_env.close()
     _finish_record(run_dir, clock)
     return run_dir
+
+
+@contextlib.contextmanager
+def _environ(values: Mapping[str, str]):
+    """Set environment variables for the duration of a block, then put back what was there."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _resume_record(run_dir: pathlib.Path, layout: Layout):
@@ -618,6 +813,34 @@ def _cmd_prepare(args: argparse.Namespace, layout: Layout) -> int:
     return 0
 
 
+def _cmd_lab(args: argparse.Namespace, layout: Layout) -> int:
+    """JupyterLab at the repository root (jupytext's configuration, one entry per notebook; klear_lib.lab); with a
+    notebook, on a prepared copy of it with the preset's parameters, outside the tracked files."""
+    import subprocess
+
+    from klear_lib import lab
+
+    require_notebooks(layout)
+    if not layout.output_root.resolve().is_relative_to(layout.repo_root.resolve()):
+        raise KlearError(f"--output-root {layout.output_root} is outside the repository {layout.repo_root}: JupyterLab "
+                         "opens only files under its root (the repository, so that jupytext reads jupytext.toml)")
+    open_path = None
+    if args.notebook:
+        notebook, name, params = _resolve(args.notebook, args.preset, args.param, layout, dry_run=True)
+        open_path = lab.prepare_copy(notebook, name, args.preset, params, layout.output_root)
+        print(f"klear: a copy of {name} with the {args.preset} preset's parameters: {open_path}\n"
+              f"klear: Run All writes a new run directory under {layout.output_root / name}/; the tracked notebook "
+              "is not touched", file=sys.stderr)
+    elif args.param:
+        raise KlearError("--preset and -p need a notebook: klear lab NOTEBOOK --preset smoke")
+    argv = lab.lab_argv(layout.repo_root, open_path, layout.output_root / lab.LAB_DIR / "jupyter_server_config.json",
+                        args.jupyter_args)
+    if args.print_command:
+        print(" ".join(argv))
+        return 0
+    return subprocess.call(argv, cwd=layout.repo_root)
+
+
 REPORT_PREFIX = "00_"  # notebooks named 00_* gather the others' runs: reproduce runs them last, as the report
 REPRODUCE_LOG = "reproduce.json"
 
@@ -625,10 +848,7 @@ REPRODUCE_LOG = "reproduce.json"
 def _write_reproduce_log(layout: Layout, log: dict) -> None:
     """outputs/reproduce.json, rewritten after every notebook (a crash of reproduce itself keeps what ran)."""
     layout.output_root.mkdir(parents=True, exist_ok=True)
-    path = layout.output_root / REPRODUCE_LOG
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(runs.to_json_text(log, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    runs.write_atomic(layout.output_root / REPRODUCE_LOG, runs.to_json_text(log, indent=2) + "\n")
 
 
 def make_report(layout: Layout, preset: str = "tiny", *, progress_bar: bool = True) -> pathlib.Path:
@@ -748,6 +968,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="tiny", help="default: tiny")
     p.add_argument("--output-root", help="default: outputs")
     p.set_defaults(func=_cmd_reproduce)
+    p = sub.add_parser("lab", parents=[params, dirs], help="JupyterLab at the repository; with a notebook, on a "
+                                                            "prepared copy with a preset's parameters")
+    p.add_argument("--output-root", help="the copies go to <output root>/lab/ (default: outputs)")
+    p.add_argument("--print-command", action="store_true", help="print the jupyter command instead of running it")
+    p.set_defaults(func=_cmd_lab)  # arguments after `--` go to `jupyter lab` (e.g. -- --no-browser --port 8890)
     p = sub.add_parser("report", parents=[dirs], help="gather every run under the output root into report.html")
     p.add_argument("--preset", default="tiny", help="preset of the 00_report notebook (default: tiny)")
     p.add_argument("--output-root", help="default: outputs")
@@ -758,8 +983,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """The `klear` console script; returns the exit status (0 ok, 1 a notebook failed, 2 a usage error, 130
     interrupted)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []  # klear lab ... -- <jupyter lab's arguments>
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     args = build_parser().parse_args(argv)
+    args.jupyter_args = extra
     try:
+        if extra and args.command != "lab":
+            raise KlearError(f"arguments after -- are for `klear lab` only, got: {' '.join(extra)}")
         return args.func(args, Layout.from_args(args))
     except KlearError as err:
         print(f"klear: error: {err}", file=sys.stderr)

@@ -12,9 +12,10 @@ import types
 import typing
 from dataclasses import dataclass, fields
 
-from klear_lib.data.tasks import DEFAULT_FORK_FACTS, parse_fork_facts
+from klear_lib.data.tasks import DEFAULT_FORK_FACTS, LEVELS, parse_fork_facts
 from klear_lib.losses import PolicyLossConfig
 from klear_lib.recipe import KlearLossConfig
+from klear_lib.train.tracking import check_tracker
 
 
 def from_dict(cls, d: typing.Mapping, *, where: str | None = None):
@@ -100,10 +101,21 @@ class TaskModelConfig:
     def __post_init__(self) -> None:
         if self.report_to not in TRACKERS:
             raise ValueError(f"{type(self).__name__}.report_to must be one of {list(TRACKERS)}, got {self.report_to!r}")
+        check_tracker(self.report_to, f"{type(self).__name__}.report_to")  # installed, or refused before any work
+        _check_ranges(self, positive=("n_train", "n_heldout", "tiny_hidden", "tiny_layers", "vocab_size"),
+                      non_negative=("seed", "data_seed"))
+        self.level_list  # a malformed level list is an error here, naming it
 
     @property
     def level_list(self) -> tuple[int, ...]:
-        return tuple(int(x) for x in self.levels.split(","))
+        try:
+            out = tuple(int(x) for x in self.levels.split(","))
+        except ValueError:
+            out = ()
+        if not out or any(x not in LEVELS for x in out) or len(set(out)) != len(out):
+            raise ValueError(f"{type(self).__name__}.levels = {self.levels!r}: expected distinct levels from "
+                             f"{sorted(LEVELS)}, comma-separated, e.g. '1,2'")
+        return out
 
     @classmethod
     def from_params(cls, params: typing.Mapping):
@@ -291,4 +303,10 @@ class SFTExperimentConfig(TaskModelConfig):
     """Train on the CPU even where a GPU is present."""
     bf16: bool = False
     """bf16 autocast (GPU presets)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_ranges(self, positive=("n_val", "sft_lr", "sft_epochs", "sft_batch_size", "max_length", "eval_n",
+                                      "max_new_tokens"),
+                      unit=("eval_top_p",), non_negative=("eval_temperature",))
 

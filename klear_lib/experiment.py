@@ -5,11 +5,24 @@ when it finishes, so that an interrupted run resumes without redoing them.
     results = run_jobs(jobs, run_dir, workers=2)
 
 Each job calls ``fn(**kwargs, metrics_path=...)`` in a worker process (``spawn``; the function must be importable,
-not defined in a notebook), writes its metric records to ``run_dir/units/<job>.jsonl`` and, when it returns, its
-result (a JSON-able dict) to ``run_dir/units/<job>.json``: that file is the job's "done" mark. On a second call
-with the same run directory, done jobs are skipped and their results read back; an unfinished job's partial
-records are discarded and it runs again. After every finished job, ``metrics.jsonl`` is rewritten from the done
-jobs' records in job order (atomically), so it never holds a record twice and always holds every finished job.
+not defined in a notebook) and writes its metric records to ``run_dir/units/<job>.jsonl``; when it returns, the
+parent writes its result (a JSON-able dict) to ``run_dir/units/<job>.json``: that file is the job's "done" mark.
+On a second call with the same run directory, done jobs are skipped and their results read back; an unfinished
+job's partial records are discarded and it runs again. After every finished job, ``metrics.jsonl`` is rewritten
+from the done jobs' records in job order (atomically), so it never holds a record twice and always holds every
+finished job.
+
+No orphans, no late marks. The chain is ``klear run`` -> papermill's kernel -> the workers -> whatever a unit
+starts. Each worker leads its own process group and ends it, with every process it started (those in their own
+session too, found through /proc), as soon as its parent or the run's owner is gone: the kernel's death reaches it
+as a parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGUSR1)``; it fires when the parent *thread* ends, so the
+handler checks that the parent process is gone), and a watchdog thread polls its parent and the owner
+(``KLEAR_RUN_OWNER``, set by ``klear run`` to its own pid and start time: the kernel outlives a killed
+``klear run`` by up to a second) every ``WATCH_S``; SIGTERM (the parent's ``terminate()``) ends it the same way.
+multiprocessing's resource tracker then exits too (it ends when the last process holding its pipe does). The done
+mark is written by the parent, and only while the owner lives. A run directory is driven by one ``run_jobs`` at a
+time (``units/.lock``), and a resume waits until no worker of an earlier attempt holds ``units/.workers.lock``, so
+two attempts never write the same unit.
 
 Why processes: the tiny model is too small for two threads to speed one run up much, but two runs at a time,
 one thread each, nearly double the throughput on two cores. Every job runs in a worker with ``threads`` torch
@@ -24,6 +37,9 @@ import json
 import multiprocessing
 import os
 import re
+import signal
+import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -36,13 +52,51 @@ UNITS_DIR = "units"
 TRACKING_DIR = "tracking"
 
 
-def unit_tracking_dir(metrics_path: str | os.PathLike, report_to: str) -> Path | None:
-    """Where a unit's experiment tracker writes: ``<run dir>/tracking/<unit>`` beside ``<run dir>/units/<unit>.jsonl``
-    (so its files outlive anything the unit deletes); ``None`` when ``report_to`` is ``"none"``."""
+_CURRENT_UNIT: str | None = None  # in a worker: the key of the unit it runs (set by _call)
+
+
+@dataclass(frozen=True)
+class UnitTracking(os.PathLike):
+    """Where a unit's experiment tracker writes and under which names: the notebook's run directory's
+    ``tracking/<tracker>/`` (``tracking/tensorboard/gppo/lr=0.0001/seed=0``: TensorBoard shows the unit's key as its
+    run; wandb's offline run folder goes there too; trackio keeps one database per run directory,
+    ``tracking/trackio``, with the unit as the run and the notebook as the project). As a path it is the folder."""
+
+    tracker: str
+    root: Path  # <run dir>/tracking
+    project: str  # the notebook's name
+    run_name: str  # the unit's key
+
+    @property
+    def folder(self) -> Path:
+        if self.tracker == "trackio":
+            return self.root / "trackio"
+        parts = [re.sub(r"[^A-Za-z0-9._=-]+", "_", p) for p in self.run_name.split("/") if p not in ("", ".", "..")]
+        return self.root.joinpath(self.tracker, *parts)
+
+    def __fspath__(self) -> str:
+        return str(self.folder)
+
+
+def _run_root(folder: Path) -> Path:
+    """The notebook's run directory that holds ``folder`` (the nearest with a config.json: run_jobs may run in a
+    subfolder, 03's ``control/``), else ``folder`` itself."""
+    for candidate in (folder, *list(folder.parents)[:2]):
+        if (candidate / runs.CONFIG_FILE).is_file():
+            return candidate
+    return folder
+
+
+def unit_tracking_dir(metrics_path: str | os.PathLike, report_to: str) -> UnitTracking | None:
+    """Where a unit's experiment tracker writes (``UnitTracking``), beside ``units/<unit>.jsonl`` in the notebook's
+    run directory, so that its files outlive anything the unit deletes; ``None`` when ``report_to`` is ``"none"``.
+    The unit's key comes from the worker (``run_jobs``); outside one, its file name."""
     if report_to == "none":
         return None
     unit = Path(metrics_path)
-    return unit.parent.parent / TRACKING_DIR / unit.stem
+    root = _run_root(unit.parent.parent)
+    key = _CURRENT_UNIT if _CURRENT_UNIT and Job(_CURRENT_UNIT, "m:f").slug == unit.stem else unit.stem
+    return UnitTracking(report_to, root / TRACKING_DIR, root.parent.name, key)
 
 
 @dataclass(frozen=True)
@@ -71,7 +125,133 @@ def _paths(run_dir: Path, job: Job) -> tuple[Path, Path]:
     return units / f"{job.slug}.jsonl", units / f"{job.slug}.json"
 
 
-def _init_worker(threads: int) -> None:
+OWNER_ENV = "KLEAR_RUN_OWNER"  # "pid:start time" of the process whose death ends the run (`klear run` sets it)
+RUN_LOCK = ".lock"  # held (exclusively) by the run_jobs driving a run directory
+WORKERS_LOCK = ".workers.lock"  # held (shared) by every worker of that run_jobs, until the worker is gone
+WATCH_S = 0.25  # how often a worker checks that its parent and the run's owner live
+
+
+class RunBusy(RuntimeError):
+    """Another process drives this run directory, or workers of an earlier attempt still run in it."""
+
+
+class OwnerGone(RuntimeError):
+    """The process that owns the run (``KLEAR_RUN_OWNER``: ``klear run``) died; nothing more is recorded."""
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields 3.. of /proc/<pid>/stat (state, ppid, ...; the command name, which may hold spaces, is cut off)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_identity(pid: int | None = None) -> str:
+    """``"pid:start time"`` of a process (its start in clock ticks since boot, from /proc; empty where there is
+    no /proc): a recycled pid does not match it."""
+    pid = os.getpid() if pid is None else pid
+    stat = _proc_stat(pid)
+    return f"{pid}:{stat[19] if stat else ''}"
+
+
+def identity_alive(identity: str) -> bool:
+    """Whether the process named by ``process_identity`` still runs (a zombie, dead but not reaped, does not)."""
+    pid_text, _, start = identity.partition(":")
+    try:
+        pid = int(pid_text)
+        os.kill(pid, 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        pass
+    stat = _proc_stat(pid)
+    if stat is None:
+        return not start and not os.path.isdir("/proc")  # no /proc: the signal test is all there is
+    return stat[0] != "Z" and (not start or stat[19] == start)
+
+
+def run_owner() -> str | None:
+    """The run owner's identity from ``KLEAR_RUN_OWNER`` (None outside ``klear run``: a notebook in Jupyter)."""
+    return os.environ.get(OWNER_ENV) or None
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` in the process tree (children first), from /proc; [] without /proc."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if name.isdigit():
+            stat = _proc_stat(int(name))
+            if stat is not None:
+                children.setdefault(int(stat[1]), []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _end_worker(*_args) -> None:
+    """End this worker and everything it started: the processes below it (also those in a session of their own,
+    which a process-group kill misses), then its process group, itself included."""
+    me = os.getpid()
+    for pid in _descendants(me):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        if os.getpgid(0) == me:
+            os.killpg(me, signal.SIGKILL)
+    except OSError:
+        pass
+    os._exit(1)
+
+
+def _parent_death_signal(sig: int) -> None:
+    """``prctl(PR_SET_PDEATHSIG, sig)`` through ctypes (Linux; a no-op elsewhere). It fires when the thread that
+    started this process ends; ``_on_parent_signal`` checks that the parent process really is gone."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _init_worker(threads: int, parent: int = 0, owner: str | None = None, lock: str | None = None,
+                 env: dict | None = None) -> None:
+    # First, before anything imports trackio (TRL imports it with itself): trackio reads TRACKIO_DIR once, at
+    # import, so every unit of this run logs to the run's one trackio folder (UnitTracking).
+    os.environ.update(env or {})
+    global _PARENT, _OWNER
+    _PARENT, _OWNER = parent, owner
+    try:
+        os.setpgid(0, 0)  # a group of its own: ending it ends what the unit started, and nothing else
+    except OSError:
+        pass
+    if lock is not None and (mode := _flock_mode("LOCK_SH")):
+        import fcntl
+
+        holder = open(lock, "a")  # noqa: SIM115 (held until this process is gone; the kernel then drops the lock)
+        fcntl.flock(holder, mode)
+        _HELD.append(holder)
+    if sys.platform != "win32":
+        signal.signal(signal.SIGTERM, _end_worker)  # the parent's terminate(): the unit's own processes go too
+    if parent and hasattr(signal, "SIGUSR1"):
+        signal.signal(signal.SIGUSR1, _on_parent_signal)
+        _parent_death_signal(signal.SIGUSR1)
+        if not _lineage_alive():  # the parent died before the signal was armed
+            _end_worker()
+        threading.Thread(target=_watch, name="klear-unit-watchdog", daemon=True).start()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
@@ -81,39 +261,88 @@ def _init_worker(threads: int) -> None:
     quiet()
 
 
-def _call(fn: str, kwargs: dict, metrics_path: str, result_path: str) -> dict:
+_PARENT, _OWNER = 0, None
+_HELD: list = []
+
+
+def _lineage_alive() -> bool:
+    return os.getppid() == _PARENT and (_OWNER is None or identity_alive(_OWNER))
+
+
+def _on_parent_signal(*_args) -> None:
+    if os.getppid() != _PARENT:  # the parent process is gone, not just the thread that started this one
+        _end_worker()
+
+
+def _watch() -> None:
+    while _lineage_alive():
+        time.sleep(WATCH_S)
+    _end_worker()
+
+
+def _call(fn: str, kwargs: dict, metrics_path: str, key: str | None = None) -> dict:
+    global _CURRENT_UNIT
+    _CURRENT_UNIT = key  # the unit's name for its experiment tracker (unit_tracking_dir)
     module, name = fn.split(":")
     func = getattr(importlib.import_module(module), name)
     start = time.perf_counter()
     result = dict(func(**kwargs, metrics_path=metrics_path) or {})
     result["seconds"] = round(time.perf_counter() - start, 1)
-    tmp = result_path + ".tmp"
-    Path(tmp).write_text(runs.to_json_text(result, "result", sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, result_path)  # the done mark appears whole or not at all
+    runs.to_json_text(result, "result")  # a result that cannot be written fails here, in the unit
     return result
 
 
 def merge_metrics(run_dir: str | os.PathLike, jobs: list[Job]) -> int:
-    """Rewrite ``run_dir/metrics.jsonl`` from the records of the done jobs, in job order; returns the count."""
+    """Rewrite ``run_dir/metrics.jsonl`` from the records of the done jobs, in job order; returns the count.
+    Written whole or not at all (``runs.write_atomic``): on a full disk the previous file stays as it was."""
     run_dir = Path(run_dir)
     lines = []
     for job in jobs:
         metrics, result = _paths(run_dir, job)
         if result.is_file() and metrics.is_file():
             lines += [line for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
-    tmp = run_dir / (runs.METRICS_FILE + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    os.replace(tmp, run_dir / runs.METRICS_FILE)
+    runs.write_atomic(run_dir / runs.METRICS_FILE, "".join(line + "\n" for line in lines))
     return len(lines)
 
 
+def _lock(path: Path, mode: int, *, wait_s: float) -> Any:
+    """An open file holding ``flock(mode)`` on ``path``, tried for ``wait_s`` seconds; None if it stayed taken.
+    (No fcntl, as on Windows: a dummy, nothing is locked.)"""
+    try:
+        import fcntl
+    except ImportError:
+        return open(path, "a")  # noqa: SIM115
+    f = open(path, "a")  # noqa: SIM115 (returned to the caller, which closes it)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(f, mode | fcntl.LOCK_NB)
+            return f
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                f.close()
+                return None
+            time.sleep(0.1)
+
+
+def _check_owner(owner: str | None) -> None:
+    if owner is not None and not identity_alive(owner):
+        raise OwnerGone(f"the process that owns this run ({OWNER_ENV}={owner}: klear run) is gone: "
+                        "no more units are recorded")
+
+
 def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, threads: int = 1,
-             progress=print) -> dict[str, dict]:
+             progress=print, busy_wait_s: float = 30.0, bars: str = "auto",
+             progress_every_s: float = 15.0) -> dict[str, dict]:
     """Run ``jobs`` (``workers`` at a time, each with ``threads`` torch threads) and return ``{key: result}``.
 
     Done jobs (a result file in ``run_dir/units``) are not run again. The first failure stops the run: the jobs
     not yet started are cancelled, the running ones finish and are recorded, then ``JobFailed`` is raised with
-    the worker's traceback.
+    the worker's traceback. ``RunBusy`` when another ``run_jobs`` drives ``run_dir``, or when workers of an
+    earlier attempt still run there after ``busy_wait_s`` seconds; ``OwnerGone`` when ``klear run`` died.
+    Progress inside the units comes from their records as they are written (``UnitProgress``): ``bars="auto"``
+    shows tqdm widgets in JupyterLab and lines through ``progress`` (at most one per unit every
+    ``progress_every_s`` seconds) elsewhere; ``"none"``: the done lines only.
     """
     run_dir = Path(run_dir)
     keys = [j.key for j in jobs]
@@ -124,7 +353,39 @@ def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, t
         raise ValueError("two job keys map to the same file name; make them differ in letters or digits")
     if workers < 1 or threads < 1:
         raise ValueError(f"workers and threads must be >= 1, got {workers}, {threads}")
-    (run_dir / UNITS_DIR).mkdir(parents=True, exist_ok=True)
+    owner = run_owner()
+    _check_owner(owner)
+    units = run_dir / UNITS_DIR
+    units.mkdir(parents=True, exist_ok=True)
+    driver = _lock(units / RUN_LOCK, _flock_mode("LOCK_EX"), wait_s=0.0)
+    if driver is None:
+        raise RunBusy(f"{run_dir} is being run by another process (it holds {units / RUN_LOCK}): "
+                      "let it finish, or end it, before running this directory again")
+    try:
+        return _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, owner, bars, progress_every_s)
+    finally:
+        driver.close()
+
+
+def _flock_mode(name: str) -> int:
+    try:
+        import fcntl
+    except ImportError:
+        return 0
+    return getattr(fcntl, name)
+
+
+def _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, owner, bars,
+                progress_every_s) -> dict[str, dict]:
+    units = run_dir / UNITS_DIR
+    earlier = _lock(units / WORKERS_LOCK, _flock_mode("LOCK_EX"), wait_s=0.0)
+    if earlier is None:
+        progress(f"waiting up to {busy_wait_s:.0f}s for the workers of an earlier attempt to exit")
+        earlier = _lock(units / WORKERS_LOCK, _flock_mode("LOCK_EX"), wait_s=busy_wait_s)
+    if earlier is None:
+        raise RunBusy(f"workers of an earlier attempt are still running in {run_dir} (they hold "
+                      f"{units / WORKERS_LOCK}): end them before resuming, so that no unit is written twice")
+    earlier.close()  # no earlier worker lives: from here on, only this call's workers write in units/
     results: dict[str, dict] = {}
     todo = []
     for job in jobs:
@@ -142,19 +403,23 @@ def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, t
     clock = time.perf_counter()
     failure = None
     ctx = multiprocessing.get_context("spawn")
+    worker_env = {"TRACKIO_DIR": str(_run_root(run_dir) / TRACKING_DIR / "trackio")}
     pool = cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
-                                  initargs=(threads,))
+                                  initargs=(threads, os.getpid(), owner, str(units / WORKERS_LOCK), worker_env))
     try:
         futures = {}
         for job in todo:
-            metrics, result = _paths(run_dir, job)
-            futures[pool.submit(_call, job.fn, job.kwargs, str(metrics), str(result))] = job
+            metrics, _ = _paths(run_dir, job)
+            futures[pool.submit(_call, job.fn, job.kwargs, str(metrics), job.key)] = job
         done_count = len(results)
-        for fut in cf.as_completed(futures):
+        live = UnitProgress(todo, run_dir, mode=bars, progress=progress, every_s=progress_every_s,
+                            done=len(results), total=len(jobs))
+        for fut in _as_completed(futures, live.poll):
             job = futures[fut]
             try:
-                results[job.key] = fut.result()
+                result = fut.result()
             except Exception as err:  # noqa: BLE001 (reported with the job and re-raised below)
+                _check_owner(owner)  # a worker that ended itself because klear run died: say that instead
                 if failure is None:
                     detail = getattr(err, "__cause__", None) or err
                     text = "".join(traceback.format_exception(type(detail), detail, detail.__traceback__))
@@ -163,15 +428,23 @@ def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, t
                     for other in futures:
                         other.cancel()
                 continue
+            _check_owner(owner)  # the done mark is written only while the run's owner lives
+            runs.write_atomic(_paths(run_dir, job)[1], runs.to_json_text(result, "result", sort_keys=True) + "\n")
+            results[job.key] = result
             done_count += 1
+            live.finished(job)
             merge_metrics(run_dir, jobs)
             elapsed = time.perf_counter() - clock
             ran = done_count - (len(jobs) - len(todo))
             left = elapsed / ran * (len(jobs) - done_count) if ran else 0.0
             progress(f"[{done_count:3d}/{len(jobs)}] {job.key} done in {results[job.key]['seconds']:.0f}s "
                      f"(elapsed {elapsed:.0f}s, about {left / 60:.1f} min left)")
+        live.close()
     except BaseException:  # Ctrl-C above all: stop now; the running units are lost (redone on the next call)
-        # concurrent.futures has no public way to stop a running task: end its worker processes
+        if "live" in locals():
+            live.close()
+        # concurrent.futures has no public way to stop a running task: end its worker processes (SIGTERM, which
+        # each worker turns into the end of its process group and of everything it started)
         for proc in list(getattr(pool, "_processes", {}).values()):
             proc.terminate()
         pool.shutdown(wait=False, cancel_futures=True)
@@ -180,6 +453,149 @@ def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, t
     if failure is not None:
         raise failure
     return {k: results[k] for k in keys}
+
+
+def _as_completed(futures, poll, every_s: float = 1.0):
+    """``concurrent.futures.as_completed``, calling ``poll()`` at least every ``every_s`` seconds while it waits."""
+    pending = set(futures)
+    while pending:
+        done, pending = cf.wait(pending, timeout=every_s, return_when=cf.FIRST_COMPLETED)
+        poll()
+        yield from done
+
+
+class UnitProgress:
+    """Progress inside the running units, read from the records they write as they go (``units/<job>.jsonl``; the
+    parent polls the files, so nothing travels between processes): an RL unit's rollout records give its rollouts
+    done out of ``config["rollouts"]``, with the rollout's mean reward, the fork probe (``klear/p_correct_fork``) and
+    the last held-out avg@n. A unit whose config has no ``rollouts`` (an SFT unit) shows only that it runs.
+
+    ``mode``: ``"widgets"`` (``tqdm.auto``: a bar per running unit and one for the units, whose ETA comes from the
+    units done), ``"lines"`` (a plain text bar per unit through ``progress``, at most one per unit every ``every_s``
+    seconds and one when it finishes: ``klear run``, papermill, logs), ``"none"``, or ``"auto"``: widgets in a
+    JupyterLab kernel (``notebook.launcher() == "jupyter"``, ipywidgets installed), lines elsewhere."""
+
+    def __init__(self, jobs: list[Job], run_dir: Path, *, mode: str = "auto", progress=print, every_s: float = 15.0,
+                 done: int = 0, total: int | None = None, bar=None):
+        if mode == "auto":
+            mode = "widgets" if _in_jupyter() else "lines"
+        if mode not in ("widgets", "lines", "none"):
+            raise ValueError(f"bars must be 'auto', 'widgets', 'lines' or 'none', got {mode!r}")
+        self.mode, self.progress, self.every_s, self.run_dir = mode, progress, every_s, Path(run_dir)
+        self.jobs = {j.key: j for j in jobs}
+        self.state: dict[str, dict] = {}  # key -> {"offset", "n", "reward", "p_fork", "eval", "bar", "printed"}
+        self.clock = time.perf_counter()
+        self._bar = bar
+        self.overall = None
+        if mode == "widgets":
+            self.overall = self._new_bar(total=total or len(jobs), initial=done, desc="units", unit="unit",
+                                         smoothing=0)  # smoothing 0: the ETA is the mean time per unit done
+
+    def _new_bar(self, **kwargs):
+        if self._bar is None:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm
+        return self._bar(**kwargs)
+
+    @staticmethod
+    def total(job: Job) -> int | None:
+        rollouts = (job.kwargs.get("config") or {}).get("rollouts") if isinstance(job.kwargs, dict) else None
+        return int(rollouts) if isinstance(rollouts, int) and not isinstance(rollouts, bool) else None
+
+    def _read(self, job: Job, st: dict) -> bool:
+        """New complete lines of the job's records; True when its rollout count moved."""
+        metrics, _ = _paths(self.run_dir, job)
+        try:
+            with open(metrics, "rb") as f:
+                f.seek(st["offset"])
+                chunk = f.read()
+        except OSError:
+            return False
+        end = chunk.rfind(b"\n") + 1  # a partial last line is read on a later poll
+        st["offset"] += end
+        moved = False
+        for line in chunk[:end].splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict) or "final" not in rec or "rollout" not in rec:
+                continue  # a step record: the rollout records carry the progress
+            moved |= rec["rollout"] != st["n"]
+            st["n"] = rec["rollout"]
+            for key, name in (("reward", "reward"), ("klear/p_correct_fork", "p_fork"), ("eval/avg_at_n", "eval")):
+                if isinstance(rec.get(key), (int, float)):
+                    st[name] = rec[key]
+        return moved
+
+    def _postfix(self, st: dict) -> str:
+        parts = [f"{name} {st[name]:.3f}" for name in ("reward", "p_fork", "eval") if st.get(name) is not None]
+        return ", ".join(parts)
+
+    def poll(self) -> None:
+        if self.mode == "none":
+            return
+        if self.overall is not None:
+            self.overall.refresh()  # its elapsed time moves between units too
+        for key, job in self.jobs.items():
+            st = self.state.get(key)
+            if st is None:
+                try:  # the unit opened its records when it started: its elapsed time counts from there
+                    started = _paths(self.run_dir, job)[0].stat().st_mtime
+                except OSError:
+                    continue  # not started yet
+                st = self.state[key] = {"offset": 0, "n": 0, "printed": None, "start": min(started, time.time())}
+                if self.mode == "widgets":
+                    st["bar"] = self._new_bar(total=self.total(job), desc=key, unit="rollout", leave=False)
+            if st.get("done"):
+                continue
+            moved = self._read(job, st)
+            if self.mode == "widgets":
+                bar = st["bar"]
+                bar.n = st["n"]
+                bar.set_postfix_str(self._postfix(st), refresh=False)
+                bar.refresh()
+            elif moved and (st["printed"] is None or time.perf_counter() - st["printed"] >= self.every_s):
+                self._line(job, st)
+
+    def _line(self, job: Job, st: dict) -> None:
+        from tqdm import tqdm
+
+        st["printed"], st["printed_n"] = time.perf_counter(), st["n"]
+        meter = tqdm.format_meter(st["n"], self.total(job), time.time() - st["start"], prefix=f"  {job.key}",
+                                  unit="rollout", postfix=self._postfix(st) or None, ascii=True)
+        self.progress(meter)
+
+    def finished(self, job: Job) -> None:
+        """The unit's done mark is written: its bar ends (and the units bar moves)."""
+        st = self.state.get(job.key)
+        if st is not None and self.mode != "none":
+            self._read(job, st)
+            if self.mode == "widgets":
+                st["bar"].close()
+            elif st["printed"] is not None and st["n"] != st.get("printed_n"):
+                self._line(job, st)  # its last rollouts, if a throttled line left them out
+        if st is not None:
+            st["done"] = True
+        if self.overall is not None:
+            self.overall.update(1)
+
+    def close(self) -> None:
+        for st in self.state.values():
+            if "bar" in st and not st.get("done"):
+                st["bar"].close()
+        if self.overall is not None:
+            self.overall.close()
+
+
+def _in_jupyter() -> bool:
+    """A kernel of a Jupyter server (JupyterLab) with ipywidgets: where tqdm's widgets render."""
+    import importlib.util
+
+    from klear_lib.notebook import launcher
+
+    return launcher() == "jupyter" and importlib.util.find_spec("ipywidgets") is not None
 
 
 def unit_records(run_dir: str | os.PathLike, job: Job) -> list[dict[str, Any]]:

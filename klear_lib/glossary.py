@@ -54,6 +54,12 @@ GLOSSARY.update({
                                       "num_generations but on a rollout's last step)"),
     "klear/positive_frac": ("fully-correct share (step)",
                             "share of the step's completions whose reward is the maximum"),
+    # TRL's GRPOTrainer names for the same clip fractions, logged beside klear's (verl's) for readers of TRL's logs
+    "clip_ratio/low_mean": ("clip fraction, low (TRL's name)", "= actor/pg_clipfrac_low: Σ m·[A<0 ∧ r<1-ε_l] / Σ m"),
+    "clip_ratio/high_mean": ("clip fraction, high (TRL's name)", "= actor/pg_clipfrac_high: Σ m·[A>0 ∧ r>1+ε_h] / Σ m"),
+    "clip_ratio/region_mean": ("clip fraction, either side (TRL's name)",
+                               "= actor/pg_clipfrac_low + actor/pg_clipfrac_high: Σ m·([A<0 ∧ r<1-ε_l] ∨ "
+                               "[A>0 ∧ r>1+ε_h]) / Σ m (the two sides never share a token)"),
     "entropy": ("token entropy (current policy)", "Σ m·H_θ / Σ m, H of the temperature-scaled next-token distribution"),
     "old_entropy": ("token entropy (rollout policy)", "Σ m·H_old / Σ m"),
     "grad_norm": ("gradient norm (before clipping)", "‖∇_θ loss‖₂ over every parameter, before max_grad_norm clipping"),

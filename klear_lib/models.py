@@ -1,5 +1,11 @@
 """Models and tokenizers: a tiny offline Qwen3 for the CPU stand-in, or a real one from the hub by name.
 
+Weights are fp32 wherever the package trains (``load_model_and_tokenizer``'s default, ``WEIGHTS_DTYPES``): a bf16
+checkpoint such as Qwen3's is upcast on load. AdamW moves a weight by about the learning rate per step (1e-6 at
+Klear's), which in bf16 rounds away for every weight of magnitude above 2^-11 ≈ 4.9e-4 (bf16 keeps 8 significant
+bits); in fp32 it stays. The trainers add bf16 autocast (``bf16``) for speed. bf16 weights are used only
+where a config asks for them by name (``weights_dtype: bfloat16``).
+
 ``build_tokenizer`` trains a byte-level BPE on the task's own text, with digits as single tokens (as Qwen's
 tokenizer splits them, so arithmetic stays learnable), ChatML special tokens, ``<think>``/``</think>`` as
 tokens, and a ChatML chat template. ``build_tiny_model`` makes a Qwen3-architecture model from a config
@@ -108,6 +114,27 @@ def _set_generation_ids(model, tokenizer) -> None:
     gc.bos_token_id = None
 
 
+WEIGHTS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""The values of the ``weights_dtype`` config keys: the dtype of the trained weights and so of AdamW's state."""
+
+
+def weights_dtype(name: str, *, where: str = "weights_dtype") -> torch.dtype:
+    """The torch dtype named by a ``weights_dtype`` config value (``float32``, the default everywhere: fp32 master
+    weights; ``bfloat16``: pure bf16 weights and optimizer state, where updates below bf16's resolution are lost)."""
+    if name not in WEIGHTS_DTYPES:
+        raise ValueError(f"{where} must be one of {sorted(WEIGHTS_DTYPES)}, got {name!r}")
+    return WEIGHTS_DTYPES[name]
+
+
+def trainable_to(model, dtype: torch.dtype):
+    """Cast every parameter that requires grad to ``dtype`` (in place) and return the model: the adapters of a LoRA
+    model on a frozen bf16 base become fp32 master weights; frozen parameters keep their dtype."""
+    for p in model.parameters():
+        if p.requires_grad and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    return model
+
+
 def save_model_and_tokenizer(model, tokenizer, path: str | Path) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -116,11 +143,12 @@ def save_model_and_tokenizer(model, tokenizer, path: str | Path) -> Path:
     return path
 
 
-def load_model_and_tokenizer(name_or_path: str | Path, *, dtype: torch.dtype | str = "auto", **kwargs):
+def load_model_and_tokenizer(name_or_path: str | Path, *, dtype: torch.dtype | str = torch.float32, **kwargs):
     """Load a causal LM and its tokenizer from a local folder or a hub name, through the ``Auto*`` classes.
 
-    A hub name needs network access (never used by tests or the tiny preset). The tokenizer is set to pad on
-    the left, as generation needs.
+    ``dtype``: float32 by default, whatever the checkpoint holds (fp32 master weights for training; see the module
+    docstring); ``"auto"`` keeps the checkpoint's dtype (inference). A hub name needs network access (never used by
+    tests or the tiny preset). The tokenizer is set to pad on the left, as generation needs.
     """
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     tokenizer.padding_side = "left"
@@ -138,9 +166,10 @@ def count_parameters(model) -> int:
 
 def model_for(cfg, corpus_texts: list[str]):
     """The starting model of an experiment config: ``cfg.model == "tiny"`` builds the tiny Qwen3 and a tokenizer
-    trained on ``corpus_texts`` (the task's own text); anything else is a hub name or local folder, loaded."""
+    trained on ``corpus_texts`` (the task's own text); anything else is a hub name or local folder, loaded with fp32
+    weights (the trainers add bf16 autocast where ``bf16`` is set)."""
     if cfg.model == "tiny":
         tokenizer = build_tokenizer(corpus_texts, vocab_size=cfg.vocab_size)
         spec = TinyModelSpec(hidden_size=cfg.tiny_hidden, num_hidden_layers=cfg.tiny_layers)
         return build_tiny_model(tokenizer, spec, seed=cfg.seed), tokenizer
-    return load_model_and_tokenizer(cfg.model)
+    return load_model_and_tokenizer(cfg.model, dtype=torch.float32)

@@ -47,13 +47,76 @@ def output_root() -> Path:
     return (root / "outputs") if root is not None else Path.cwd().resolve() / "outputs"
 
 
-def start_run(name: str, run_dir: str, config: Any) -> Path:
+def start_run(name: str, run_dir: str, config: Any, params: Mapping[str, Any] | None = None) -> Path:
     """The run directory of notebook ``name``: ``run_dir`` when ``klear run``/papermill set it, else a new
-    ``<output root>/<name>/<stamp>``; writes the resolved config, versions and commit there and returns it."""
+    ``<output root>/<name>/<stamp>``; writes the resolved config, versions and commit there and returns it.
+
+    ``params`` (the notebook's ``globals()``): also write ``preset.json``, which preset the parameters are
+    (``identify_preset``) and who launched the run, so that the report marks smoke and custom runs however they
+    were started (``klear run``, papermill, JupyterLab)."""
     path = Path(run_dir).resolve() if run_dir else runs.create_run_dir(output_root(), name)
     path.mkdir(parents=True, exist_ok=True)
     runs.write_run_metadata(path, config)
+    if params is not None:
+        runs.write_preset_record(path, {**identify_preset(name, params), "launcher": launcher()})
     return path
+
+
+# Parameters that say how a run runs, not what it computes (worker processes, the tracker): a run that changes only
+# these is still its preset's run.
+HOW_IT_RUNS = frozenset({"run_dir", "workers", "reward_workers", "judge_workers", "report_to"})
+
+
+PARAMS_DIR_ENV = "KLEAR_PARAMS_DIR"  # set by `klear run` for its kernel: the presets it resolved parameters from
+
+
+def params_dir() -> Path | None:
+    """Where the presets are: ``$KLEAR_PARAMS_DIR`` (``klear run --params-dir``), else the checkout's ``params/``,
+    else None (the package runs outside a checkout)."""
+    if os.environ.get(PARAMS_DIR_ENV):
+        return Path(os.environ[PARAMS_DIR_ENV])
+    root = repo_root()
+    return root / "params" if root is not None and (root / "params").is_dir() else None
+
+
+def identify_preset(name: str, namespace: Mapping[str, Any], presets_dir: str | os.PathLike | None = None) -> dict:
+    """Which preset of notebook ``name`` the parameter values in ``namespace`` are.
+
+    Every preset sets every parameter (tests/test_presets.py), so a run is preset P when each of P's values equals
+    the run's (``cli.same_value``; the ``HOW_IT_RUNS`` keys aside). Returns ``{"preset": P | "custom" | None,
+    "nearest": the preset with the fewest differences, "differs": {key: {"run": value, "preset": value}} against
+    it, "params": the run's values of the preset keys}``; ``preset`` is None when there are no presets to compare
+    with (``presets_dir`` defaults to the checkout's ``params/``)."""
+    from klear_lib import cli
+
+    folder = Path(presets_dir) if presets_dir is not None else params_dir()
+    presets = cli.list_presets(name, folder) if folder is not None else []
+    if not presets:
+        return {"preset": None, "nearest": None, "differs": {}, "params": {}}
+    loaded = {p: cli.load_params(name, p, params_dir=folder) for p in presets}
+    keys = list(dict.fromkeys(k for values in loaded.values() for k in values))
+    values = {k: namespace[k] for k in keys if k in namespace}
+    differs = {p: {k: {"run": values.get(k), "preset": v} for k, v in preset.items()
+                   if k not in HOW_IT_RUNS and not cli.same_value(values.get(k), v)}
+               for p, preset in loaded.items()}
+    nearest = min(presets, key=lambda p: len(differs[p]))  # presets in the project's order: smoke wins ties
+    return {"preset": nearest if not differs[nearest] else "custom", "nearest": nearest,
+            "differs": differs[nearest], "params": values}
+
+
+def launcher() -> str:
+    """Who started this process: ``klear run`` (it says so in ``KLEAR_LAUNCHER``), ``jupyter`` (a kernel of a
+    Jupyter server session: JupyterLab), ``kernel`` (another kernel client: papermill, nbclient) or ``python``."""
+    import sys
+
+    if os.environ.get(LAUNCHER_ENV):
+        return os.environ[LAUNCHER_ENV]
+    if os.environ.get("JPY_SESSION_NAME"):
+        return "jupyter"
+    return "kernel" if "ipykernel" in sys.modules else "python"
+
+
+LAUNCHER_ENV = "KLEAR_LAUNCHER"
 
 
 def cache_root() -> Path:
@@ -95,6 +158,33 @@ def parse_list(value: Any, name: str, cast: Callable[[str], Any] = str, *, allow
     if len(set(map(str, out))) != len(out):
         raise ValueError(f"{name} = {value!r}: an item is repeated")
     return out
+
+
+def require(namespace: Mapping[str, Any], *, counts: tuple[str, ...] = (), positive: tuple[str, ...] = (),
+            non_negative: tuple[str, ...] = (), fractions: tuple[str, ...] = ()) -> None:
+    """Check the notebook parameters that no config dataclass holds, in its config cell (so ``klear run``'s dry
+    run and any Run All refuse a bad value before work): ``counts`` are integers >= 1 (worker counts, seeds of a
+    panel), ``positive`` numbers > 0, ``non_negative`` numbers >= 0, ``fractions`` numbers in [0, 1]. A ValueError
+    names the first parameter out of range, its value and what was expected."""
+    def number(key):
+        value = namespace[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key} = {value!r}: expected a number")
+        return value
+
+    for key in counts:
+        value = number(key)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} = {value!r}: expected an integer >= 1")
+    for key in positive:
+        if not number(key) > 0:
+            raise ValueError(f"{key} = {namespace[key]!r}: expected a number > 0")
+    for key in non_negative:
+        if not number(key) >= 0:
+            raise ValueError(f"{key} = {namespace[key]!r}: expected a number >= 0")
+    for key in fractions:
+        if not 0 <= number(key) <= 1:
+            raise ValueError(f"{key} = {namespace[key]!r}: expected a number in [0, 1]")
 
 
 BESIDE_PAPER_FIELDS = ("caption", "columns", "rows")

@@ -3,24 +3,54 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 from klear_lib.glossary import title as metric_title
 from klear_lib.runs import read_metrics
 
+# Line styles by series, widest first: when two runs give the same curve (the on-policy control, a one-seed smoke
+# run), the later, thinner dashed line is drawn over the earlier one and both stay visible.
+_STYLES = ("-", "--", "-.", ":")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
-def _finish(fig, axes, used: int, *, legend: bool, title: str | None, out: str | Path | None):
-    """Blank the unused panels, add the legend and title, lay out, save to ``out`` if given."""
+
+def _series_style(i: int) -> dict:
+    return {"linestyle": _STYLES[i % len(_STYLES)], "linewidth": max(2.6 - 0.45 * i, 1.0),
+            "zorder": 3 + 0.01 * i}
+
+
+def _figure(npanels: int, ncols: int, panel_size: tuple[float, float]):
+    """A grid of panels laid out by matplotlib's constrained layout, which keeps the title, the panel titles and a
+    legend placed outside the panels from covering one another."""
+    ncols = min(ncols, max(1, npanels))
+    nrows = max(1, math.ceil(npanels / ncols))
+    return plt.subplots(nrows, ncols, figsize=(panel_size[0] * ncols, panel_size[1] * nrows), squeeze=False,
+                        layout="constrained")
+
+
+def _integer_axis(ax, values) -> None:
+    """Integer ticks on an axis whose values are whole numbers (rollouts, steps): never 2.5 rollouts."""
+    vals = pd.to_numeric(pd.Series(list(values)), errors="coerce").dropna()
+    if len(vals) and (vals == vals.round()).all():
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _finish(fig, axes, used: int, *, handles: dict | None, title: str | None, out: str | Path | None):
+    """Blank the unused panels; one legend for the figure below the panels (never over the title); the title
+    wrapped to the figure's width (never cut); save to ``out`` if given."""
     for ax in list(axes.flat)[used:]:
         ax.axis("off")
-    if legend:
-        axes.flat[0].legend(fontsize=8)
+    if handles:
+        fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center", fontsize=8,
+                   ncol=min(6, len(handles)), frameon=False)
     if title:
-        fig.suptitle(title)
-    fig.tight_layout()
+        width = fig.get_size_inches()[0]
+        fig.suptitle(textwrap.fill(title, width=max(40, int(width * 10))), fontsize=11)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=110)
@@ -46,40 +76,39 @@ def curves(df: pd.DataFrame, metric: str, *, by: str = "variant", seed: str = "s
 
 def plot_curves(df: pd.DataFrame, metrics: list[str], *, by: str = "variant", x: str = "rollout",
                 facet: str | None = None, out: str | Path | None = None, ncols: int = 3, title: str | None = None):
-    """One panel per metric (per metric and ``facet`` value when given), one line per ``by`` value: the mean over
-    seeds against ``x`` with a ±1 std band. A ``by`` value has the same colour in every panel; one legend for the
-    figure. Panel titles come from ``klear_lib.glossary``."""
+    """One panel per metric (per metric and ``facet`` value when given: ``ncols`` is then meant as one column per
+    facet value), one line per ``by`` value: the mean over seeds against ``x`` with a ±1 std band. A ``by`` value
+    has the same colour and line style in every panel; one legend for the figure. Panel titles come from
+    ``klear_lib.glossary``.
+
+    A facet with one value (one learning rate) is no facet: its value goes into the panel titles and the metrics
+    fill up to three columns, instead of one narrow column."""
     metrics = [m for m in metrics if m in df.columns]
     facets = list(dict.fromkeys(df[facet].dropna())) if facet else [None]
+    if len(facets) == 1 and facet is not None:
+        ncols = max(ncols, 3)
     panels = [(m, f) for m in metrics for f in facets]
-    colors = {name: f"C{i % 10}" for i, name in enumerate(dict.fromkeys(df[by].dropna()))}
-    ncols = min(ncols, max(1, len(panels)))
-    nrows = max(1, math.ceil(len(panels) / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.2 * nrows), squeeze=False)
+    names = list(dict.fromkeys(df[by].dropna()))
+    order = {name: i for i, name in enumerate(names)}
+    fig, axes = _figure(len(panels), ncols, (4.6, 3.2))
     handles = {}
     for ax, (metric, value) in zip(axes.flat, panels):
         sub = df if value is None else df[df[facet] == value]
         c = curves(sub, metric, by=by, x=x)
         for name, g in c.groupby(by, sort=False):
-            (line,) = ax.plot(g[x], g["mean"], marker="o" if metric.startswith("eval/") else None, ms=3,
-                              color=colors.get(name), label=str(name))
-            ax.fill_between(g[x], g["mean"] - g["std"], g["mean"] + g["std"], alpha=0.2, color=colors.get(name))
+            i = order.get(name, 0)
+            (line,) = ax.plot(g[x], g["mean"], marker=_MARKERS[i % len(_MARKERS)] if metric.startswith("eval/")
+                              else None, ms=4, color=f"C{i % 10}", label=str(name), **_series_style(i))
+            ax.fill_between(g[x], g["mean"] - g["std"], g["mean"] + g["std"], alpha=0.15, color=f"C{i % 10}",
+                            linewidth=0)
             handles.setdefault(str(name), line)
         where = "" if value is None else f" ({facet} {value:g})" if isinstance(value, float) else f" ({facet} {value})"
         ax.set_title(metric_title(metric) + where, fontsize=10)
         ax.set_xlabel(metric_title(x))
+        _integer_axis(ax, sub[x] if x in sub else [])
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    if handles:
-        fig.legend(handles.values(), handles.keys(), loc="upper right", fontsize=8, ncol=min(4, len(handles)))
-    if title:
-        fig.suptitle(title, x=0.02, ha="left")
-    fig.tight_layout(rect=(0, 0, 1, 0.93 if handles or title else 1))
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
-    return fig
+    return _finish(fig, axes, len(panels), handles={k: handles[k] for k in map(str, names) if k in handles},
+                   title=title, out=out)
 
 
 def final_table(df: pd.DataFrame, *, by: str = "variant", seed: str = "seed", x: str = "rollout") -> pd.DataFrame:
@@ -92,7 +121,7 @@ def final_table(df: pd.DataFrame, *, by: str = "variant", seed: str = "seed", x:
     table = pd.DataFrame({
         "start": first.groupby(level=0).mean(),
         "final": last.groupby(level=0).mean(),
-        "final_std": last.groupby(level=0).std().fillna(0.0),
+        "final_std": last.groupby(level=0).std(),  # NaN with one seed (no spread), not 0
         "delta": delta.groupby(level=0).mean(),
         "delta_min": delta.groupby(level=0).min(),
         "seeds": last.groupby(level=0).count(),
@@ -107,12 +136,12 @@ def final_table(df: pd.DataFrame, *, by: str = "variant", seed: str = "seed", x:
 
 def seed_summary(df: pd.DataFrame, metric: str, *, by: str | list[str] = "variant", seed: str = "seed") -> pd.DataFrame:
     """Per ``by`` (one column or several): mean, std, min and max of ``metric`` over seeds, and the seed count.
-    Rows keep the order in which ``by`` values first appear in ``df``."""
+    Rows keep the order in which ``by`` values first appear in ``df``. A group of one seed has no std (NaN, not a
+    measured 0: display it with ``na_rep``, or use ``seed_table``)."""
     keys = [by] if isinstance(by, str) else list(by)
     sub = df.dropna(subset=[metric])
     g = sub.groupby(keys, sort=False)[metric]
-    out = g.agg(["mean", "std", "min", "max"])
-    out["std"] = out["std"].fillna(0.0)
+    out = g.agg(["mean", "std", "min", "max"])  # std is NaN for a group of one seed: it has no spread to show
     out["seeds"] = sub.groupby(keys, sort=False)[seed].nunique()
     return out
 
@@ -120,23 +149,69 @@ def seed_summary(df: pd.DataFrame, metric: str, *, by: str | list[str] = "varian
 def plot_points(df: pd.DataFrame, x: str, metrics: list[str], *, hue: str | None = None, seed: str = "seed",
                 out: str | Path | None = None, title: str | None = None, ncols: int = 3, xlabel: str | None = None):
     """For a sweep (``x`` categorical or numeric): each seed's value as a dot, the mean over seeds as a line,
-    one panel per metric, one line per ``hue`` value."""
+    one panel per metric, one line per ``hue`` value (the same style in every panel; one legend)."""
     metrics = [m for m in metrics if m in df.columns]
-    ncols = min(ncols, max(1, len(metrics)))
-    nrows = max(1, math.ceil(len(metrics) / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False)
+    fig, axes = _figure(len(metrics), ncols, (4.6, 3.4))
     order = list(dict.fromkeys(df[x]))
     pos = {v: i for i, v in enumerate(order)}
+    hues = list(dict.fromkeys(df[hue].dropna())) if hue else [None]
+    handles = {}
     for ax, metric in zip(axes.flat, metrics):
         sub = df.dropna(subset=[metric])
         groups = sub.groupby(hue, sort=False) if hue else [(None, sub)]
         for name, g in groups:
+            i = hues.index(name) if name in hues else 0
             xs = g[x].map(pos)
-            line = ax.plot(*zip(*sorted(g.groupby(xs)[metric].mean().items())), marker="o",
-                           label=None if name is None else str(name))[0]
-            ax.scatter(xs, g[metric], s=12, alpha=0.5, color=line.get_color())
+            line = ax.plot(*zip(*sorted(g.groupby(xs)[metric].mean().items())), marker=_MARKERS[i % len(_MARKERS)],
+                           color=f"C{i % 10}", label=None if name is None else str(name), **_series_style(i))[0]
+            ax.scatter(xs, g[metric], s=12, alpha=0.5, color=line.get_color(), zorder=2)
+            if name is not None:
+                handles.setdefault(str(name), line)
         ax.set_xticks(range(len(order)), [str(v) for v in order])
         ax.set_title(metric_title(metric), fontsize=10)
         ax.set_xlabel(xlabel or x)
         ax.grid(alpha=0.3)
-    return _finish(fig, axes, len(metrics), legend=bool(hue and metrics), title=title, out=out)
+    return _finish(fig, axes, len(metrics), handles=handles, title=title, out=out)
+
+
+def censored_text(values, censored: float, digits: int = 3) -> str:
+    """The mean of a read-out that is censored at ``censored`` (e.g. rollouts-to-threshold of a run that never
+    reached it, ``claims.first_crossing``), as text that says so: ``"4.5"`` when no value is censored,
+    ``"≥ 6.5 (1 of 2 censored at 8)"`` when some are (the mean is then a lower bound), ``"not reached (censored at
+    8)"`` when all are."""
+    vals = [float(v) for v in values if v == v]
+    if not vals:
+        return "–"
+    hit = sum(v >= censored for v in vals)
+    mean = sum(vals) / len(vals)
+    if hit == 0:
+        return f"{mean:.{digits}g}"
+    if hit == len(vals):
+        return f"not reached (censored at {censored:g})"
+    return f"≥ {mean:.{digits}g} ({hit} of {len(vals)} censored at {censored:g})"
+
+
+def seed_table(df: pd.DataFrame, columns: list[str], *, by: str | list[str] = "variant", seed: str = "seed",
+               censored: dict[str, float] | None = None, digits: int = 3) -> pd.DataFrame:
+    """A table to read, one row per ``by`` group (in order of appearance): each column's mean over seeds as text,
+    ``mean ± std`` when the group has more than one seed and the mean alone when it has one (one seed has no spread:
+    no NaN or 0 std is printed), and the seed count. ``censored`` maps a column to its censoring value
+    (``censored_text``): a run that never reached a threshold is not shown as a measurement."""
+    keys = [by] if isinstance(by, str) else list(by)
+    censored = censored or {}
+    rows = []
+    for key, g in df.groupby(keys, sort=False):
+        row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        for col in columns:
+            vals = g[col].dropna()
+            if col in censored:
+                row[col] = censored_text(vals, censored[col], digits)
+            elif not len(vals):
+                row[col] = "–"
+            elif len(vals) == 1:
+                row[col] = f"{vals.iloc[0]:.{digits}g}"
+            else:
+                row[col] = f"{vals.mean():.{digits}g} ± {vals.std():.{max(digits - 1, 1)}g}"
+        row["seeds"] = g[seed].nunique()
+        rows.append(row)
+    return pd.DataFrame(rows).set_index(keys)

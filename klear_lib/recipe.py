@@ -52,8 +52,9 @@ class KlearLossConfig:
     fraction ERC stopped, it separates "ERC stops the right tokens" from "ERC stops some tokens"."""
     logprob_backend: str = "klear"
     """Where per-token log-probs and entropies come from: ``klear`` (``klear_lib.logprobs``: chunked over tokens,
-    the LM head's logits recomputed in backward; text-only models without logit scaling) or ``trl`` (TRL 1.16's
-    fused LM head). Both avoid (B, T, V) logits; tests check they agree to 1e-5."""
+    the LM head's logits recomputed in backward; run inside the wrapped model's forward, so DDP, FSDP and ZeRO see
+    the head; text-only models without logit scaling) or ``trl`` (TRL 1.16's fused LM head). Both avoid (B, T, V)
+    logits; tests check they agree to 1e-5."""
 
     def __post_init__(self) -> None:
         def bad(name: str, must: str) -> ValueError:

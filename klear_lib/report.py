@@ -65,7 +65,10 @@ class RunInfo:
     status: str  # "ran" | "failed" | "incomplete" | "interrupted" | "damaged"
     error: str | None = None  # "<ename>: <evalue> (cell N)", or reproduce.json's message
     missing: list[str] = dataclasses.field(default_factory=list)  # contract files absent or unreadable
-    preset: str | None = None
+    preset: str | None = None  # preset.json's verdict ("smoke", "tiny", ..., "custom"), else params.json's request
+    preset_nearest: str | None = None  # for a custom run: the preset it differs least from ...
+    preset_differs: dict = dataclasses.field(default_factory=dict)  # ... and how: {key: {"run": v, "preset": v}}
+    launcher: str | None = None  # who started it (preset.json): "klear run", "jupyter", "kernel", "python"
     params: dict = dataclasses.field(default_factory=dict)
     config: dict = dataclasses.field(default_factory=dict)
     git: dict = dataclasses.field(default_factory=dict)
@@ -119,30 +122,40 @@ def _seeds(params: Mapping, config: Mapping) -> list[int]:
     return []
 
 
-def _notebook_error(nb: Mapping) -> str | None:
-    """"<ename>: <evalue> (cell N)" for the first error output of an executed notebook, else None.
+def cell_number(cells: Sequence[Mapping], pos: int) -> int:
+    """The one number a cell goes by everywhere (``klear run``'s message, ``status.json``, the report): Jupyter's
+    ``In [N]``, the label JupyterLab shows beside the cell when the executed ``notebook.ipynb`` is opened. It is
+    the cell's execution count; a cell whose count was not saved yet (the kernel died while it ran) gets the count
+    papermill gives it, its 1-based place among the code cells (papermill runs them once each, in order)."""
+    count = cells[pos].get("execution_count")
+    return count if isinstance(count, int) and count > 0 else sum(
+        1 for c in cells[: pos + 1] if c.get("cell_type") == "code")
 
-    N is the cell's execution count (Jupyter's ``In [N]``, as `klear run` prints it), or its 1-based position
-    in the notebook when it has none. Cells tagged ``raises-exception`` fail on purpose and are skipped.
-    With no error output, a cell that papermill marked failed (a dead kernel) still counts.
+
+def _notebook_error(nb: Mapping) -> str | None:
+    """"<ename>: <evalue> (cell [N])" for the first error output of an executed notebook, else None.
+
+    N is ``cell_number``: Jupyter's ``In [N]``, as `klear run` prints it. Cells tagged ``raises-exception`` fail
+    on purpose and are skipped. With no error output, a cell that papermill marked failed (a dead kernel) still
+    counts.
     """
     cells = nb.get("cells") or []
-    for pos, cell in enumerate(cells, start=1):
+    for pos, cell in enumerate(cells):
         meta = cell.get("metadata") or {}
         if "raises-exception" in (meta.get("tags") or []):
             continue
-        where = cell.get("execution_count") or pos
+        where = f"[{cell_number(cells, pos)}]"
         for out in cell.get("outputs") or []:
             if out.get("output_type") == "error":
                 ename = str(out.get("ename", "Error"))
                 evalue = " ".join(_ANSI.sub("", str(out.get("evalue", ""))).split())
-                budget = MAX_ERROR_CHARS - len(ename) - len(f": ({where})") - 8
+                budget = MAX_ERROR_CHARS - len(ename) - len(f": (cell {where})") - 2
                 if len(evalue) > budget:
                     evalue = evalue[: max(budget, 20)] + "…"
                 return f"{ename}: {evalue} (cell {where})"
-    for pos, cell in enumerate(cells, start=1):
+    for pos, cell in enumerate(cells):
         if ((cell.get("metadata") or {}).get("papermill") or {}).get("status") == "failed":
-            return f"execution failed without an error output (cell {cell.get('execution_count') or pos})"
+            return f"execution failed without an error output (cell [{cell_number(cells, pos)}])"
     return None
 
 
@@ -194,7 +207,7 @@ def _status_text(recorded: Mapping) -> str:
     if recorded.get("error"):
         parts.append(str(recorded["error"]))
     if recorded.get("cell") is not None:
-        parts.append(f"last cell {recorded['cell']}: {recorded.get('cell_source', '')}")
+        parts.append(f"last cell [{recorded['cell']}]: {recorded.get('cell_source', '')}")
     return "; ".join(parts)
 
 
@@ -231,6 +244,12 @@ def read_run(run_dir: str | os.PathLike, reproduce_row: Mapping | None = None) -
         notebook, _ = _read_json(run_dir / runs.NOTEBOOK_FILE)  # a hand-made run with a notebook
 
     params = params_record.get("params") if isinstance(params_record.get("params"), dict) else {}
+    # preset.json (every launcher: klear_lib.notebook.start_run) says which preset the parameters are; a run
+    # from papermill or JupyterLab has no params.json, so its parameters come from there too.
+    preset_record, _ = _read_json(run_dir / runs.PRESET_FILE)
+    preset_record = preset_record if isinstance(preset_record, dict) else {}
+    if not params and isinstance(preset_record.get("params"), dict):
+        params = preset_record["params"]
     config = loaded.get(runs.CONFIG_FILE, {})
     summary = loaded.get(runs.SUMMARY_FILE, {})
     error = _notebook_error(notebook) if isinstance(notebook, dict) else None
@@ -249,7 +268,8 @@ def read_run(run_dir: str | os.PathLike, reproduce_row: Mapping | None = None) -
         status, error = "damaged", damage
     else:
         status = "incomplete" if missing else "ran"
-    preset = params_record.get("preset")
+    preset = preset_record.get("preset") or params_record.get("preset")
+    differs = preset_record.get("differs") if preset == "custom" else None
     return RunInfo(
         notebook=run_dir.parent.name,
         run_dir=run_dir,
@@ -258,6 +278,9 @@ def read_run(run_dir: str | os.PathLike, reproduce_row: Mapping | None = None) -
         error=error,
         missing=missing,
         preset=None if preset is None else str(preset),
+        preset_nearest=preset_record.get("nearest") if preset == "custom" else None,
+        preset_differs=differs if isinstance(differs, dict) else {},
+        launcher=preset_record.get("launcher"),
         params=params,
         config=config,
         git=loaded.get(runs.GIT_FILE, {}),
@@ -365,6 +388,7 @@ tr.row-failed td{background:#fdecea}tr.row-incomplete td{background:#fff6e0}
 .badge{display:inline-block;padding:.05em .5em;border-radius:.3em;font-size:.75em;font-weight:600;
 color:#fff;vertical-align:middle}
 .ran{background:#2e7d32}.failed{background:#c62828}.incomplete{background:#d98c00}.smoke{background:#6d6d6d}
+.custom{background:#1565c0}
 .interrupted{background:#d98c00}.damaged{background:#8e24aa}tr.row-damaged td{background:#f3e5f5}
 tr.row-interrupted td{background:#fff6e0}
 .reproduced{background:#2e7d32}.reversed{background:#c62828}.inconclusive{background:#8a8a8a}
@@ -421,8 +445,21 @@ def _badge(status: str) -> str:
     return f'<span class="badge {_e(status)}">{_e(status)}</span>'
 
 
+MARKED_PRESETS = ("smoke", "custom")  # runs whose numbers are marked wherever they appear
+
+
 def _smoke_badge(run: "RunInfo") -> str:
-    return " " + _badge("smoke") if run.preset == "smoke" else ""
+    """A badge for a smoke run (its numbers test the code path only) or a custom one (its parameters are no
+    preset's); nothing for a run of a committed preset."""
+    return " " + _badge(run.preset) if run.preset in MARKED_PRESETS else ""
+
+
+def _differs_text(run: "RunInfo", limit: int = 6) -> str:
+    """``nearest preset: key run-value (preset preset-value), ...`` of a custom run."""
+    items = [f"{k} {_fmt(v.get('run'))} ({run.preset_nearest}: {_fmt(v.get('preset'))})"
+             for k, v in run.preset_differs.items() if isinstance(v, Mapping)]
+    more = f", and {len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
 
 
 CLAIM_COLUMNS = ("notebook", "claim", "source", "metric", "effect", "95% interval", "seeds", "verdict")
@@ -454,11 +491,12 @@ def claims_html(latest: Mapping[str, "RunInfo"]) -> str:
         return "<h2>Claims</h2><p>No notebook run has written claims yet.</p>"
     counts = {v: sum(r["verdict"] == v for r in rows) for v in ("reproduced", "reversed", "inconclusive")}
     smoke = any(r["preset"] == "smoke" for r in rows)
+    custom = any(r["preset"] == "custom" for r in rows)
     head = "<thead><tr>" + "".join(f"<th>{_e(c)}</th>" for c in CLAIM_COLUMNS) + "</tr></thead>"
     body = []
     for r in rows:
         interval = f"[{_signed(r['ci_low'])}, {_signed(r['ci_high'])}]"
-        mark = " (smoke)" if r["preset"] == "smoke" else ""
+        mark = f" ({r['preset']})" if r["preset"] in MARKED_PRESETS else ""
         body.append(
             f'<tr><td><a href="#{_e(r["notebook"])}">{_e(r["notebook"])}</a>{_e(mark)}</td>'
             f'<td>{_e(r["claim"])}<br><span class="meta">{_e(r["id"])}</span></td><td>{_e(r["source"])}</td>'
@@ -467,6 +505,9 @@ def claims_html(latest: Mapping[str, "RunInfo"]) -> str:
             f'<td>{_badge(r["verdict"])}</td></tr>')
     note = ("<p class=\"warn\">Some claims come from <code>smoke</code> runs: those check the code path on a few "
             "steps, and their verdicts mean nothing.</p>") if smoke else ""
+    if custom:
+        note += ("<p class=\"warn\">Some claims come from <code>custom</code> runs: their parameters match no "
+                 "committed preset (each run's section says what differs).</p>")
     return ("<h2>Claims</h2>"
             f"<p>{len(rows)} claims: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + ". Each verdict comes "
             "from its interval by one rule (<code>klear_lib.claims</code>): <b>reproduced</b> when the 95% interval "
@@ -553,6 +594,11 @@ def run_section_html(run: RunInfo, older: Sequence[RunInfo] = ()) -> str:
     if run.preset == "smoke":
         parts.append('<p class="warn">A <code>smoke</code> run: it checks that every code path runs, on a few steps; '
                      "its numbers and verdicts mean nothing.</p>")
+    elif run.preset == "custom":
+        nearest = f" It differs from <code>{_e(str(run.preset_nearest))}</code> in: {_e(_differs_text(run))}." \
+            if run.preset_nearest and run.preset_differs else ""
+        parts.append('<p class="warn">A <code>custom</code> run: its parameters match no committed preset, so its '
+                     f"numbers are not the preset's.{nearest}</p>")
     if run.status in ("failed", "interrupted", "damaged"):
         parts.append(f'<div class="error">{_e(run.error or run.status)}</div>')
     if run.missing and run.stamp:
@@ -570,7 +616,8 @@ def run_section_html(run: RunInfo, older: Sequence[RunInfo] = ()) -> str:
             parts.append(f'<p class="note">… and {len(numbers) - MAX_SUMMARY_ROWS} more in summary.json</p>')
 
     if run.stamp:
-        facts = [("preset", run.preset), ("seeds", ", ".join(map(str, run.seeds)) or None),
+        facts = [("preset", run.preset), ("launched by", run.launcher),
+                 ("seeds", ", ".join(map(str, run.seeds)) or None),
                  ("commit", _commit_text(run.git) if run.git else None), ("branch", run.git.get("branch")),
                  ("run directory", str(run.run_dir))]
         parts.append("<details><summary>Run details: preset, code, versions, config</summary>")

@@ -10,7 +10,12 @@ A run directory is ``<output_root>/<notebook name>/<YYYYmmdd-HHMMSS>`` (``create
 ``summary.json``    the run's final numbers (``write_summary``)
 ``notebook.ipynb``  the executed notebook, when the run went through ``klear run`` (papermill)
 ``params.json``     the notebook parameters ``klear run`` passed, written before execution
+``preset.json``     the preset the parameters are (or ``custom``, with what differs), and the launcher
 ==================  ===========================================================================
+
+Every file is written whole or not at all (``write_atomic``: a temporary file, fsync'ed, renamed), except
+``metrics.jsonl``, which is appended one whole line at a time (``MetricsWriter``). A full disk therefore leaves
+each file as it was before the failed write, and ``is_disk_full`` recognises the error.
 
 JSON encoding (``to_jsonable``): numpy and torch scalars become Python numbers, tensors and arrays
 lists, dataclasses dicts, paths strings. The files are strict JSON (RFC 8259), readable by any tool:
@@ -24,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import enum
+import errno
 import importlib.metadata
 import json
 import math
@@ -31,6 +37,7 @@ import os
 import pathlib
 import platform
 import random
+import shutil
 import subprocess
 import sys
 import warnings
@@ -44,6 +51,7 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 NOTEBOOK_FILE = "notebook.ipynb"  # written by `klear run`, not by the notebook itself
 PARAMS_FILE = "params.json"  # written by `klear run` before it executes the notebook
+PRESET_FILE = "preset.json"  # which preset the run's parameters are, however it was launched (write_preset_record)
 
 # What every run directory holds, however it was run. A run through `klear run` also holds NOTEBOOK_FILE:
 # check it with `check_run_dir(d, RUN_CONTRACT + (NOTEBOOK_FILE,))`.
@@ -185,12 +193,91 @@ def to_json_text(obj: Any, where: str = "value", **dumps_kwargs: Any) -> str:
     return text.replace(_INF_TOKENS[math.inf], "1e999").replace(_INF_TOKENS[-math.inf], "-1e999")
 
 
+def write_atomic(path: str | os.PathLike, data: str | bytes, *, fsync: bool = True) -> None:
+    """Write `data` to `path` whole or not at all: into a temporary file beside it (fsync'ed unless ``fsync`` is
+    False), renamed over `path`. A crash or a full disk leaves the old file (or none) and no temporary file."""
+    path = pathlib.Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        if isinstance(err, OSError) and err.filename is None:
+            err.filename = str(path)  # a failed write() names no file: name the one that was being written
+        raise
+    if fsync:  # the rename itself: cheap, and a crash right after it then keeps the new file
+        try:
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+
+
 def _write_json(path: pathlib.Path, obj: Any) -> None:
     """Write `obj` as sorted, indented JSON, atomically (a crash leaves the old file or the new one)."""
-    text = to_json_text(obj, path.stem, sort_keys=True, indent=2) + "\n"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, to_json_text(obj, path.stem, sort_keys=True, indent=2) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Free space.
+
+MIN_FREE_MB = 200
+"""``klear run`` refuses to start with less free space than this on the output root (``KLEAR_MIN_FREE_MB``
+changes it): a tiny-preset notebook writes a few MB to 60 MB (models, figures, records), a GPU preset GBs."""
+MIN_FREE_ENV = "KLEAR_MIN_FREE_MB"
+_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "StorageFull", "QuotaExceeded")
+
+
+def min_free_mb() -> float:
+    """The free space ``klear run`` needs to start, in MB: ``KLEAR_MIN_FREE_MB`` or ``MIN_FREE_MB``."""
+    value = os.environ.get(MIN_FREE_ENV, "")
+    try:
+        return float(value) if value.strip() else float(MIN_FREE_MB)
+    except ValueError:
+        raise ValueError(f"{MIN_FREE_ENV}={value!r}: expected a number of MB") from None
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Free bytes (for an unprivileged user) on the filesystem holding `path` or its nearest existing parent."""
+    path = pathlib.Path(path).absolute()
+    for candidate in (path, *path.parents):
+        try:
+            return shutil.disk_usage(candidate).free
+        except OSError:
+            continue
+    return None
+
+
+def describe_free(path: str | os.PathLike) -> str:
+    """``"3.1 MB free on /mnt/out"`` (the filesystem of `path`), or ``"free space unknown"``."""
+    free = free_bytes(path)
+    if free is None:
+        return "free space unknown"
+    return f"{free / 1e6:.1f} MB free on {path}"
+
+
+def is_disk_full(err: BaseException | str) -> bool:
+    """Whether `err` (an exception, its chain, or a message) says the disk or the quota is full: ENOSPC, EDQUOT,
+    or the text those give (also safetensors' ``StorageFull`` and a worker's traceback)."""
+    seen = 0
+    while isinstance(err, BaseException) and seen < 20:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(t in str(err) for t in _FULL_TEXTS):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return isinstance(err, str) and any(t in err for t in _FULL_TEXTS)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -271,6 +358,12 @@ def write_run_metadata(run_dir: str | os.PathLike, config: Any) -> None:
     _write_json(run_dir / GIT_FILE, git_info())
 
 
+def write_preset_record(run_dir: str | os.PathLike, record: Mapping[str, Any]) -> None:
+    """Write ``preset.json``: ``{"preset": name | "custom" | null, "nearest", "differs", "params", "launcher"}``
+    (``klear_lib.notebook.identify_preset``), atomically."""
+    _write_json(pathlib.Path(run_dir) / PRESET_FILE, record)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # metrics.jsonl
 
@@ -286,22 +379,35 @@ class MetricsWriter:
     ...     log.write({"step": 1, "train/loss": loss})   # numpy/torch scalars are fine
 
     The file is opened for appending, so a resumed run continues it. A partial last line left by a crash
-    is cut off (with a warning) before the first new record, so it cannot corrupt the middle of the file.
+    is cut off (with a warning) before the first new record, so it cannot corrupt the middle of the file; a
+    write that fails (a full disk) cuts its own partial line off before it raises.
     """
 
     def __init__(self, path: str | os.PathLike):
         self.path = pathlib.Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _drop_partial_last_line(self.path)
-        self._f = open(self.path, "a", encoding="utf-8")
+        self._f = open(self.path, "ab", buffering=0)  # noqa: SIM115 (closed by close())
 
     def write(self, record: Mapping[str, Any]) -> None:
         if not isinstance(record, Mapping):
             raise TypeError(f"a metrics record must be a dict, got {type(record).__qualname__}")
-        line = to_json_text(record, "record", separators=(",", ":"))
-        self._f.write(line + "\n")  # one write call: a crash leaves at most one partial line
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        data = (to_json_text(record, "record", separators=(",", ":")) + "\n").encode("utf-8")
+        fd = self._f.fileno()
+        size = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:  # a raw write may write part of it: a crash leaves at most one partial line
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError as err:  # a full disk: cut the partial line off (truncating needs no space), then say so
+            try:
+                os.ftruncate(fd, size)
+            except OSError:
+                pass
+            if err.filename is None:
+                err.filename = str(self.path)
+            raise
 
     def close(self) -> None:
         if not self._f.closed:

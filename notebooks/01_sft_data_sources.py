@@ -91,6 +91,8 @@ from klear_lib.train.sft import SFTStageConfig
 
 notebook.quiet()
 cfg = notebook.config_from(SFTExperimentConfig, globals())
+notebook.require(globals(), counts=("pool_per_source", "budget", "score_samples", "base_batch_size", "workers"),
+                 positive=("base_lr", "base_epochs"), fractions=("base_error_rate",))
 CONDITIONS = {"styles": notebook.parse_list(sources, "sources", allowed=teachers.STYLE_SOURCES)}
 POOLS = {"styles": teachers.STYLE_SOURCES, "defects": teachers.SOURCES}
 if defect_sources:
@@ -106,7 +108,7 @@ if selection_rule not in PICKS:
 seed_list = notebook.parse_list(seeds, "seeds", int)
 stage = SFTStageConfig.from_experiment(cfg)
 base_stage = SFTStageConfig.from_experiment(cfg, learning_rate=base_lr, epochs=base_epochs, batch_size=base_batch_size)
-run_path = notebook.start_run("01_sft_data_sources", run_dir, {
+run_path = notebook.start_run("01_sft_data_sources", run_dir, params=globals(), config={
     "config": cfg, "sources": {c: {s: POOLS[c][s].to_dict() for s in names} for c, names in CONDITIONS.items()},
     "top_k": {c: K_LISTS[c] for c in CONDITIONS}, "seeds": seed_list, "selection_rule": selection_rule,
     "pool_per_source": pool_per_source, "budget": budget, "score_samples": score_samples, "workers": workers,
@@ -232,7 +234,8 @@ table = plots.seed_summary(df, "eval/avg_at_n", by=["condition", "variant"])
 table.insert(0, "sources", df.groupby(["condition", "variant"], sort=False)["sources"].first())
 for col in ("samples", "teacher_correct", levels_[-1]):
     table[col] = df.groupby(["condition", "variant"], sort=False)[col].mean()
-display(table.style.format({c: "{:.3f}" for c in ("mean", "std", "min", "max", "teacher_correct", levels_[-1])}))
+display(table.style.format({c: "{:.3f}" for c in ("mean", "std", "min", "max", "teacher_correct", levels_[-1])},
+                          na_rep="–"))  # std: none with one seed
 
 # %% [markdown]
 # ## The claims

@@ -82,6 +82,8 @@ from klear_lib.train.sft import SFTStageConfig, sft_samples
 
 notebook.quiet()
 cfg = notebook.config_from(SFTExperimentConfig, globals())
+notebook.require(globals(), counts=("pool_size", "pass_samples", "base_batch_size", "workers"),
+                 positive=("base_lr", "base_epochs"), fractions=("late_share", "easy_above", "base_error_rate"))
 TEACHERS = {"near_miss": teachers.near_miss_matching(teachers.GRADED_TEACHER, late_share=late_share),
             "graded": teachers.GRADED_TEACHER}
 if teacher not in TEACHERS:
@@ -97,7 +99,7 @@ base_level_list = tuple(notebook.parse_list(base_levels, "base_levels", int, all
 hardest = max(cfg.level_list)
 stage = SFTStageConfig.from_experiment(cfg)
 base_stage = SFTStageConfig.from_experiment(cfg, learning_rate=base_lr, epochs=base_epochs, batch_size=base_batch_size)
-run_path = notebook.start_run("02_sft_accuracy_filtering", run_dir, {
+run_path = notebook.start_run("02_sft_accuracy_filtering", run_dir, params=globals(), config={
     "config": cfg, "teacher": spec.to_dict(), "subsets": subset_list, "modes": mode_list, "seeds": seed_list,
     "pool_size": pool_size, "pass_samples": pass_samples, "easy_above": easy_above, "workers": workers,
     "base": dict(levels=base_level_list, error_rate=base_error_rate, stage=base_stage), "sft_stage": stage})
@@ -188,7 +190,8 @@ table = plots.seed_summary(df, "eval/avg_at_n", by=["subset", "mode"])
 table["hardest level"] = df.groupby(["subset", "mode"], sort=False)[hard_key].mean()
 table["hardest std"] = df.groupby(["subset", "mode"], sort=False)[hard_key].std()
 table["samples"] = df.groupby(["subset", "mode"], sort=False)["samples"].first()
-display(table.style.format({c: "{:.3f}" for c in ("mean", "std", "min", "max", "hardest level", "hardest std")}))
+display(table.style.format({c: "{:.3f}" for c in ("mean", "std", "min", "max", "hardest level", "hardest std")},
+                          na_rep="–"))  # std: none with one seed
 
 # %% [markdown]
 # ## The claims

@@ -93,6 +93,8 @@ from klear_lib.config import RLExperimentConfig
 from klear_lib.train.sft import arithmetic_warm_start
 
 notebook.quiet()
+notebook.require(globals(), counts=("control_rollouts", "panel_seeds", "panel_groups", "workers"),
+                 fractions=("fork_threshold",))
 ARMS = {  # name -> the keys it changes (paper: DAPO clip 0.2/0.28, GPPO β 1; CE-GPPO β_l 0.5)
     "ppo_clip": dict(loss_name="ppo_clip"),
     "cispo": dict(loss_name="cispo"),
@@ -111,7 +113,7 @@ base = notebook.config_from(RLExperimentConfig, globals(), sft_alpha=0.0)  # α 
 # (arm, lr) pairs: every arm at the first learning rate, the lr_variants at the others too
 pairs = [(a, lr) for i, lr in enumerate(lr_list) for a in arm_list if i == 0 or a in lr_arms]
 configs = {(a, lr): base.replace(**ARMS[a], rl_lr=lr) for a, lr in pairs}  # validates each arm
-run_path = notebook.start_run("03_rl_clip_variants", run_dir, {
+run_path = notebook.start_run("03_rl_clip_variants", run_dir, params=globals(), config={
     "base": base, "arms": {a: ARMS[a] for a in arm_list}, "lrs": lr_list, "lr_arms": lr_arms, "seeds": seed_list,
     "fork_threshold": fork_threshold, "control_rollouts": control_rollouts, "panel_seeds": panel_seeds,
     "panel_groups": panel_groups, "workers": workers})
@@ -271,20 +273,21 @@ print(f"ppo_clip clips {ppo_clip_frac:.2f}% of response tokens on average (low +
 
 # %%
 ev = df.dropna(subset=["eval/avg_at_n_fork"])
+censored_at = base.rollouts + base.eval_every  # a run that never reaches the threshold: one evaluation past the last
 per_run = []
 for (arm, lr, seed), g in ev.groupby(["variant", "lr", "seed"]):
     per_run.append({"variant": arm, "lr": lr, "seed": seed,
                     "auc_fork": claims.area_under_curve(g["rollout"], g["eval/avg_at_n_fork"]),
                     "auc_rest": claims.area_under_curve(g["rollout"], g["eval/avg_at_n_rest"]),
                     "rollouts_to_threshold": claims.first_crossing(
-                        g["rollout"], g["eval/avg_at_n_fork"], fork_threshold, censored=base.rollouts + base.eval_every),
+                        g["rollout"], g["eval/avg_at_n_fork"], fork_threshold, censored=censored_at),
                     "final_fork": g.sort_values("rollout")["eval/avg_at_n_fork"].iloc[-1],
                     "final_rest": g.sort_values("rollout")["eval/avg_at_n_rest"].iloc[-1]})
 per_run = pd.DataFrame(per_run)
 ent = steps.groupby(["variant", "lr", "seed"])["entropy"].mean().rename("entropy").reset_index()
 per_run = per_run.merge(ent, on=["variant", "lr", "seed"])
-display(per_run.groupby(["lr", "variant"], sort=False)[["auc_fork", "auc_rest", "rollouts_to_threshold", "final_fork",
-                                                        "final_rest", "entropy"]].agg(["mean", "std"]).round(3))
+display(plots.seed_table(per_run, ["auc_fork", "auc_rest", "rollouts_to_threshold", "final_fork", "final_rest",
+                                     "entropy"], by=["lr", "variant"], censored={"rollouts_to_threshold": censored_at}))
 
 
 def by_seed(arm, lr, col):
@@ -355,7 +358,8 @@ summary = {
                     "ours: rollouts to threshold", "seeds"],
         "rows": [[f"{lr:g}", arm, PAPER_ROLE.get(arm, ""), round(100 * r["auc_fork"], 1),
                   round(100 * r["final_fork"], 1), round(100 * r["final_rest"], 1),
-                  round(r["rollouts_to_threshold"], 1), int(r["seeds"])]
+                  plots.censored_text(per_run[(per_run["lr"] == lr) & (per_run["variant"] == arm)][
+                      "rollouts_to_threshold"], censored_at), int(r["seeds"])]
                  for (lr, arm), r in table.iterrows()],
         "note": "The paper: GPPO above DAPO's clip-higher on AIME and LiveCodeBench through RL (Klear-Reasoner 8B). "
                 "Ours: the claims table gives each paired difference with its interval and verdict.",

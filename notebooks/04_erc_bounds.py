@@ -89,6 +89,7 @@ from klear_lib.losses import ENTROPY_BUCKETS
 from klear_lib.train.sft import arithmetic_warm_start
 
 notebook.quiet()
+notebook.require(globals(), counts=("probe_prompts", "workers"), positive=("collapse_entropy_factor",))
 DAPO = dict(loss_name="ppo_clip", clip_ratio_low=0.2, clip_ratio_high=0.28)
 GPPO = dict(loss_name="gppo", clip_ratio_low=0.2, clip_ratio_high=0.2)  # the ERC paper's GPPO setting
 ARMS = {
@@ -108,7 +109,7 @@ if "dapo_random_mask" in arm_list and random_mask_matches not in arm_list:
 seed_list = notebook.parse_list(seeds, "seeds", int)
 base = notebook.config_from(RLExperimentConfig, globals(), sft_alpha=0.0)
 configs = {a: base.replace(**ARMS[a]) for a in arm_list}  # validates every arm
-run_path = notebook.start_run("04_erc_bounds", run_dir, {
+run_path = notebook.start_run("04_erc_bounds", run_dir, params=globals(), config={
     "base": base, "arms": {a: ARMS[a] for a in arm_list}, "seeds": seed_list,
     "random_mask_matches": random_mask_matches,
     "collapse_entropy_factor": collapse_entropy_factor, "probe_prompts": probe_prompts, "workers": workers})

@@ -85,6 +85,7 @@ from klear_lib.train import sft_jobs
 from klear_lib.train.sft import SFTStageConfig
 
 notebook.quiet()
+notebook.require(globals(), counts=("branches", "reward_workers", "workers"), positive=("test_timeout_s",))
 base = notebook.config_from(RLExperimentConfig, globals(), loss_name="gppo", fork_facts="")
 mode_list = notebook.parse_list(reward_modes, "reward_modes", allowed=("soft", "hard", "signed"))
 filter_list = notebook.parse_list(filter_rules, "filter_rules", allowed=("dapo", "klear"))
@@ -93,7 +94,7 @@ if not {"soft", "hard"} <= set(mode_list):
     raise ValueError(f"reward_modes = {reward_modes!r}: the claims compare soft with hard; both must run")
 ARMS = {f"{m}/{f}": dict(reward_mode=m, filter_rule=f) for f in filter_list for m in mode_list}
 configs = {a: base.replace(filter_rule=v["filter_rule"]) for a, v in ARMS.items()}  # validates every arm
-run_path = notebook.start_run("05_code_reward", run_dir, {
+run_path = notebook.start_run("05_code_reward", run_dir, params=globals(), config={
     "base": base, "arms": ARMS, "seeds": seed_list, "branches": branches, "reward_workers": reward_workers,
     "test_timeout_s": test_timeout_s, "workers": workers})
 print(f"run dir: {run_path}")
@@ -180,9 +181,8 @@ for (arm, seed), g in ev.groupby(["variant", "seed"]):
                     "kept_frac": r["klear/kept_group_frac"].mean(),
                     "steps": int(((steps["variant"] == arm) & (steps["seed"] == seed)).sum())})
 per_run = pd.DataFrame(per_run)
-table = per_run.groupby("variant", sort=False)[["final", "auc", "final_pass_rate", "signal_own_filter", "signal_dapo",
-                                                "signal_klear", "kept_frac", "steps"]].agg(["mean", "std"])
-display(table.round(3))
+display(plots.seed_table(per_run, ["final", "auc", "final_pass_rate", "signal_own_filter", "signal_dapo",
+                                   "signal_klear", "kept_frac", "steps"], by="variant"))
 
 
 def by_seed(arm, col):

@@ -70,12 +70,13 @@ from klear_lib.config import RLExperimentConfig
 from klear_lib.train.sft import arithmetic_warm_start
 
 notebook.quiet()
+notebook.require(globals(), counts=("workers",))
 alpha_list = notebook.parse_list(alphas, "alphas", float)
 seed_list = notebook.parse_list(seeds, "seeds", int)
 base = notebook.config_from(RLExperimentConfig, globals(), loss_name="gppo")  # Klear's loss; α varies below
 configs = {f"alpha={a:g}": base.replace(sft_alpha=a) for a in alpha_list}  # validates every α (>= 0)
-run_path = notebook.start_run("06_sft_loss_alpha", run_dir, {"base": base, "alphas": alpha_list, "seeds": seed_list,
-                                                             "workers": workers})
+run_path = notebook.start_run("06_sft_loss_alpha", run_dir, params=globals(), config={
+    "base": base, "alphas": alpha_list, "seeds": seed_list, "workers": workers})
 print(f"run dir: {run_path}")
 print(f"{len(alpha_list)} values of α x {len(seed_list)} seeds; {base.rollouts} rollouts of up to "
       f"{base.updates_per_rollout} updates")
@@ -128,7 +129,7 @@ per_run = pd.DataFrame(per_run).merge(run_entropy, on=["variant", "seed"])
 table = per_run.groupby("variant", sort=False).agg(
     auc_fork=("auc_fork", "mean"), auc_fork_std=("auc_fork", "std"), final_fork=("final_fork", "mean"),
     auc_rest=("auc_rest", "mean"), entropy=("entropy", "mean"), seeds=("seed", "nunique")).reindex(list(configs))
-display(table.round(4))
+display(plots.seed_table(per_run, ["auc_fork", "final_fork", "auc_rest", "entropy"], by="variant", digits=4))
 
 
 def by_seed(v, col):

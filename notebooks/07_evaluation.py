@@ -106,6 +106,8 @@ def pairs(text, what):
 
 
 quiet()
+notebook.require(globals(), counts=("original_context", "batch_size", "judge_workers"),
+                 non_negative=("n", "limit", "yarn_factor", "top_k", "seed"))
 bench_names = [b.strip() for b in benchmarks.split(",") if b.strip()]
 unknown = [b for b in bench_names if b not in B.BENCHMARKS]
 if unknown:
@@ -126,11 +128,10 @@ base = RLExperimentConfig.from_params(dict(
 protocol = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k or None,
                           repetition_penalty=repetition_penalty, max_new_tokens=max(budget_list), seed=seed)
 
-run_path = notebook.start_run("07_evaluation", run_dir, {"seed": seed, "benchmarks": bench_names,
-                                                         "benchmark_paths": paths, "checkpoints": ckpts,
-                                   "train_tiny": train_tiny, "tiny": base, "engine": engine, "n": n,
-                                   "budgets": budget_list, "yarn_factor": yarn_factor,
-                                   "original_context": original_context, "protocol": protocol, "limit": limit})
+run_path = notebook.start_run("07_evaluation", run_dir, params=globals(), config={
+    "seed": seed, "benchmarks": bench_names, "benchmark_paths": paths, "checkpoints": ckpts, "train_tiny": train_tiny,
+    "tiny": base, "engine": engine, "n": n, "budgets": budget_list, "yarn_factor": yarn_factor,
+    "original_context": original_context, "protocol": protocol, "limit": limit})
 print(f"run dir: {run_path}")
 
 # %% [markdown]

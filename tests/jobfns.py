@@ -18,3 +18,47 @@ def count_and_write(*, n: int, log: str, metrics_path: str, fail: bool = False) 
     import torch
 
     return {"n": n, "threads": torch.get_num_threads(), "pid": os.getpid(), "log_exists": Path(log).is_file()}
+
+
+def slow_unit(*, n: int, steps: int, step_s: float, pad: int, children: bool, metrics_path: str) -> dict:
+    """Write ``steps`` records ``step_s`` apart (each padded with ``pad`` bytes); with ``children``, keep two child
+    processes alive meanwhile (a plain one and one in its own session, which a process-group kill misses)."""
+    import subprocess
+    import sys
+    import time
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
+    kids = [subprocess.Popen(sleeper), subprocess.Popen(sleeper, start_new_session=True)] if children else []
+    try:
+        with runs.MetricsWriter(metrics_path) as w:
+            for i in range(steps):
+                w.write({"n": n, "i": i, "pad": "x" * pad})
+                time.sleep(step_s)
+    finally:
+        for kid in kids:
+            kid.kill()
+            kid.wait()
+    return {"n": n, "steps": steps}
+
+
+def where_it_tracks(*, report_to: str, metrics_path: str) -> dict:
+    """What klear_lib.experiment.unit_tracking_dir tells this unit (its tracker's folder and names)."""
+    from klear_lib.experiment import unit_tracking_dir
+
+    runs.MetricsWriter(metrics_path).close()
+    t = unit_tracking_dir(metrics_path, report_to)
+    return {"folder": os.fspath(t), "project": t.project, "run_name": t.run_name}
+
+
+def fake_rollouts(*, rollouts: int, delay: float, metrics_path: str, config: dict | None = None) -> dict:
+    """Write an RL unit's rollout records (and a step record between them) ``delay`` seconds apart."""
+    import time
+
+    with runs.MetricsWriter(metrics_path) as w:
+        for r in range(rollouts + 1):
+            if r:
+                w.write({"step": r, "rollout": r, "actor/pg_loss": 0.1})
+            w.write({"rollout": r, "step": r, "final": r == rollouts, "reward": 0.25 * r,
+                     "klear/p_correct_fork": 0.5, "eval/avg_at_n": 0.1 * r})
+            time.sleep(delay)
+    return {"rollouts": rollouts}

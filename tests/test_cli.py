@@ -163,6 +163,18 @@ def test_failing_notebook_exits_nonzero_and_points_at_the_partial_notebook(tmp_p
     assert "98_fails failed" in err and "RuntimeError: fixture failure, x=1" in err
     assert f"partially executed notebook: {run_dir / 'notebook.ipynb'}" in err
     assert (run_dir / "notebook.ipynb").is_file() and (run_dir / "params.json").is_file()
+    # One cell numbering: Jupyter's In [N] (parameters 1, papermill's injected parameters 2, the raising cell 3) in
+    # the CLI's message, status.json and the report alike.
+    from klear_lib import report
+
+    assert "98_fails failed in cell [3]: RuntimeError" in err
+    status = json.loads((run_dir / "status.json").read_text())
+    assert (status["cell"], status["cell_source"]) == (3, 'raise RuntimeError(f"fixture failure, x={x}")')
+    executed = nbformat.read(run_dir / "notebook.ipynb", as_version=4)
+    assert [c.execution_count for c in executed.cells if c.cell_type == "code"] == [1, 2, 3]
+    run = report.read_run(run_dir)
+    assert run.error.endswith("last cell [3]: raise RuntimeError(f\"fixture failure, x={x}\")"), run.error
+    assert report._notebook_error(executed).endswith("(cell [3])")
 
 
 def test_reproduce_runs_every_notebook_with_the_preset_and_continues_past_failures(tmp_path, capsys):

@@ -90,6 +90,17 @@ def test_klear_rl_math_rows_map_exactly_in_every_format(tmp_path, cache, fmt):
     ]
 
 
+def test_code_tests_with_integers_past_pythons_digit_limit_load_exactly(tmp_path, cache):
+    """json.loads raises past 4,300 digits (int_max_str_digits): such an expected value loads, and compares
+    exactly with the same digits."""
+    digits = "7" * 5000
+    row = klear_rl_row("Write big().", {"fn_name": "big", "inputs": [[]], "outputs": [0]})
+    row["reward_model"]["ground_truth"] = '{"fn_name": "big", "inputs": [[]], "outputs": [' + digits + "]}"
+    (record,) = load_klear_rl(save([row], tmp_path, "parquet"), cache_dir=cache)
+    (value,) = record.ground_truth["outputs"]
+    assert value.text == digits and value == type(value)(digits)
+
+
 def test_klear_rl_code_ground_truth_is_parsed_into_tests(tmp_path, cache):
     stdio = [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5\n", "output": "10\n"}]
     calls = {"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}

@@ -1,10 +1,15 @@
 """Every committed preset is valid for its notebook, and the presets keep the project's promises:
-`smoke` and `tiny` exist for every notebook, and `gpu`/`paper` change only scale keys (plus the few keys that a
-GPU run must change: precision, device, rollout engine, the paper's evaluation temperature)."""
+`smoke` and `tiny` exist for every notebook; every preset sets every parameter (so an edit of a notebook's defaults,
+e.g. a JupyterLab save, changes no preset), and the notebook's defaults are its `tiny` preset; `gpu`/`paper` differ
+from `tiny` only in scale keys (plus the few keys that a GPU run must change: precision, device, rollout engine, the
+paper's evaluation temperature); and every preset, launch config and `-p` example reads the same under
+`yaml.safe_load` (YAML 1.1, papermill's reader) as under klear's reader."""
 
 import pathlib
+import re
 
 import pytest
+import yaml
 
 from klear_lib import cli
 
@@ -49,5 +54,77 @@ def test_preset_keys_are_notebook_parameters(nb, preset):
                          ids=lambda x: getattr(x, "stem", x))
 def test_gpu_presets_change_only_scale_keys(nb, preset):
     params = cli.load_params(nb.stem, preset, params_dir=ROOT / "params")
+    tiny = cli.load_params(nb.stem, "tiny", params_dir=ROOT / "params")
+    changed = {k for k, v in params.items() if tiny[k] != v}
     allowed = SCALE_KEYS | NOTEBOOK_SCALE_KEYS.get(nb.stem, set())
-    assert set(params) <= allowed, sorted(set(params) - allowed)
+    assert changed, f"{nb.stem}/{preset} changes nothing against tiny"
+    assert changed <= allowed, sorted(changed - allowed)
+
+
+@pytest.mark.parametrize("nb,preset", PRESETS, ids=lambda x: getattr(x, "stem", x))
+def test_every_preset_sets_every_parameter(nb, preset):
+    """A preset that left a parameter to the notebook's default would change when the default is edited (one save
+    in JupyterLab): every preset names every parameter but run_dir."""
+    params = cli.load_params(nb.stem, preset, params_dir=ROOT / "params")
+    declared = [k for k in cli.notebook_parameters(nb) if k != cli.RUN_DIR_PARAM]
+    assert sorted(set(declared) - set(params)) == [], f"params/{nb.stem}/{preset}.yaml lacks these parameters"
+    assert list(params) == declared, f"params/{nb.stem}/{preset}.yaml: keys out of the notebook's order"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_defaults_are_the_tiny_preset(nb):
+    """The parameters cell says "Defaults = the `tiny` preset": an edited default (a Lab save) fails here."""
+    defaults = {k: cli.notebook_default(v) for k, v in cli.notebook_parameters(nb).items() if k != cli.RUN_DIR_PARAM}
+    tiny = cli.load_params(nb.stem, "tiny", params_dir=ROOT / "params")
+    differs = {k: (defaults[k], tiny[k]) for k in defaults if not cli.same_value(defaults[k], tiny[k])}
+    assert differs == {}, f"{nb.stem}: (notebook default, tiny preset) differ; one of them was edited"
+
+
+YAML_FILES = sorted([*ROOT.glob("params/**/*.yaml"), *ROOT.glob("configs/**/*.yaml")])
+
+
+def _typed(obj):
+    """A loaded YAML document with every scalar paired with its type (1 == 1.0 == True in Python)."""
+    if isinstance(obj, dict):
+        return {k: _typed(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_typed(v) for v in obj]
+    return (type(obj).__name__, obj)
+
+
+def test_there_are_yaml_files():
+    assert len(YAML_FILES) >= 28
+
+
+@pytest.mark.parametrize("path", YAML_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_preset_and_config_reads_alike_under_yaml_1_1(path):
+    text = path.read_text(encoding="utf-8")
+    assert _typed(yaml.safe_load(text)) == _typed(cli.load_yaml_file(path))
+
+
+def test_a_file_that_yaml_1_1_reads_otherwise_is_refused_naming_the_key(tmp_path):
+    (tmp_path / "p.yaml").write_text("seeds: \"0\"\nsft_lr: 4e-3\n", encoding="utf-8")
+    with pytest.raises(cli.KlearError, match=r"p\.yaml: sft_lr is the str '4e-3' under YAML 1\.1 .* but the float "
+                                             r"0\.004 under klear's reader; write 0\.004"):
+        cli.load_yaml_file(tmp_path / "p.yaml", like_yaml_1_1=True)
+    (tmp_path / "c.yaml").write_text("run:\n  lrs: [1.0e-4, 1e-5]\n", encoding="utf-8")
+    with pytest.raises(cli.KlearError, match=r"run\.lrs\[1\] is the str '1e-5'.*write 1\.0e-05"):
+        cli.load_yaml_file(tmp_path / "c.yaml", like_yaml_1_1=True)
+    assert cli.load_yaml_file(tmp_path / "c.yaml") == {"run": {"lrs": [1e-4, 1e-5]}}  # launch configs: lenient
+    (tmp_path / "params" / "nb").mkdir(parents=True)
+    (tmp_path / "params" / "nb" / "tiny.yaml").write_text("lr: 1e-3\n", encoding="utf-8")
+    with pytest.raises(cli.KlearError, match=r"tiny\.yaml: lr is the str '1e-3'"):  # a preset, as klear run reads it
+        cli.load_params("nb", "tiny", params_dir=tmp_path / "params")
+
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "klear_lib" / "cli.py"]
+P_EXAMPLE = re.compile(r"(?:-p|--param) +([A-Za-z_]\w*)=([^\s`'\"]+)")
+
+
+def test_every_p_example_in_the_docs_reads_alike_under_yaml_1_1():
+    examples = [(doc.name, key, value) for doc in DOCS for key, value in P_EXAMPLE.findall(doc.read_text("utf-8"))
+                if not any(mark in value for mark in ("...", "$", "<"))]  # placeholders, not values
+    assert len(examples) >= 6, examples
+    differ = [(doc, f"{key}={value}") for doc, key, value in examples
+              if _typed(yaml.safe_load(value)) != _typed(cli.parse_value(value))]
+    assert differ == []

@@ -94,7 +94,7 @@ def test_statuses_errors_and_missing_files(outputs):
     assert ok.config == {"lr": 1e-3, "seed": 0} and ok.git["commit"] and "python" in ok.versions
     failed = got["02_rl", "20250102-100000"]
     assert failed.status == "failed"
-    assert failed.error == "KeyError: 'erc/ratio_p95' (cell 3)"  # ANSI colour stripped, execution count
+    assert failed.error == "KeyError: 'erc/ratio_p95' (cell [3])"  # ANSI colour stripped, execution count
     assert failed.missing == ["summary.json"]
     assert failed.figures == [outputs / "02_rl" / "20250102-100000" / "figures" / "curve.png"]  # globbed
     interrupted = got["03_erc", "20250102-110000"]
@@ -112,7 +112,7 @@ def test_error_in_a_raises_exception_cell_does_not_fail_the_run(tmp_path):
 def test_long_error_value_is_shortened(tmp_path):
     make_run(tmp_path, "02_rl", "20250101-090000", error=("RuntimeError", "x" * 2000 + "\nsecond line"))
     error = report.collect_runs(tmp_path)[0].error
-    assert error.startswith("RuntimeError: xxx") and error.endswith("… (cell 3)")
+    assert error.startswith("RuntimeError: xxx") and error.endswith("… (cell [3])")
     assert len(error) <= report.MAX_ERROR_CHARS
 
 
@@ -185,7 +185,7 @@ def test_report_page(outputs):
     uris = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
     assert png in [base64.b64decode(u) for u in uris]
     # the failed run's error, escaped, and the interrupted run's missing file
-    assert "KeyError: &#x27;erc/ratio_p95&#x27; (cell 3)" in page
+    assert "KeyError: &#x27;erc/ratio_p95&#x27; (cell [3])" in page
     assert 'class="row-failed"' in page and "missing summary.json" in page
     # sections in notebook order, the older run listed, the report's own runs nowhere
     assert page.index('id="01_sft"') < page.index('id="02_rl"') < page.index('id="03_erc"')
@@ -247,7 +247,7 @@ def test_section_of_a_failed_run_shows_the_error_in_a_box(outputs):
     got = by_nb(report.collect_runs(outputs))
     html = report.run_section_html(got["02_rl", "20250102-100000"])
     assert html.startswith('<section id="02_rl">') and html.endswith("</section>")
-    assert '<div class="error">KeyError: &#x27;erc/ratio_p95&#x27; (cell 3)</div>' in html
+    assert '<div class="error">KeyError: &#x27;erc/ratio_p95&#x27; (cell [3])</div>' in html
     assert '<span class="badge failed">failed</span>' in html
 
 
@@ -294,7 +294,7 @@ def test_status_json_gives_the_cause_and_only_run_named_folders_are_runs(tmp_pat
     (tmp_path / "03_rl" / "backup").mkdir()
     got = {r.notebook: r for r in report.collect_runs(tmp_path)}
     failed = got["03_rl"]
-    assert failed.status == "failed" and "out of memory" in failed.error and "last cell 7" in failed.error
+    assert failed.status == "failed" and "out of memory" in failed.error and "last cell [7]" in failed.error
     assert got["04_erc"].status == "interrupted"
     assert [f.name for f in report.unknown_folders(tmp_path)] == ["backup"]
     html = report.render_report(tmp_path).read_text()

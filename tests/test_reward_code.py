@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import types
 
 import pytest
 from hypothesis import given
@@ -291,5 +292,19 @@ def test_bad_arguments_fail_loudly():
 
 def test_every_reason_is_documented():
     assert set(REASONS) == {"all_passed", "some_passed", "none_passed", "timeout", "crashed", "no_code",
-                            "no_think_close"}
+                            "no_think_close", "judge_error"}
     assert MODES["soft"](4, 16) == 0.25 and MODES["signed"](4, 16) == -0.5 and MODES["hard"](15, 16) == 0.0
+
+
+def test_callers_wait_for_the_sandbox_deadline_of_their_most_tests():
+    """A reward pool's per-sample limit below the sandbox's own deadline would give up on a slow program (a
+    replaced worker) before the sandbox judges it (a wrong answer with its reason)."""
+    from klear_lib.evaluation import benchmarks
+    from klear_lib.rewards import sandbox
+
+    # 16 tests at 1 s CPU each: start-up 10 s, then per test the 3 x 1 + 1 s wall backstop, the 1 s + RESET_EXTRA_S
+    # reset budget and 4 s of slack
+    assert sandbox.sample_budget_s(16, 1.0) == pytest.approx(10 + 16 * (4 + 1 + sandbox.RESET_EXTRA_S + 4))
+    problems = [types.SimpleNamespace(tests=[{}] * 9)]
+    limit = benchmarks._code_pool_options(problems, {"timeout_s": 2.0})["timeout_s"]
+    assert limit > sandbox.sample_budget_s(9, 2.0)

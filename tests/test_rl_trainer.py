@@ -287,6 +287,73 @@ def test_klear_backend_refuses_scaled_logits(tiny, tmp_path):
         KlearLossConfig(logprob_backend="naive")
 
 
+def test_klear_backend_calls_the_wrapped_model_peft_lora_included(tiny):
+    """A PEFT LoRA model (what ``model`` is under TRL's peft_config) goes through its own forward: values equal the
+    full-logits computation and the adapters get its gradients (before, the inner CausalLM was called as the
+    backbone: AttributeError)."""
+    from peft import LoraConfig, get_peft_model
+
+    from klear_lib.train.rl import klear_token_stats
+
+    train, tok, spec = tiny
+    torch.manual_seed(0)
+    model = get_peft_model(models.build_tiny_model(tok, spec, seed=0),
+                           LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():  # non-zero B: the adapters change the output
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    ids = torch.randint(3, len(tok), (3, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    keep = 6
+    inp = {"prompt_ids": ids[:, :-keep], "prompt_mask": mask[:, :-keep], "completion_ids": ids[:, -keep:],
+           "completion_mask": mask[:, -keep:]}
+
+    def grads(logps, ent):
+        model.zero_grad()
+        (logps.sum() + 0.5 * ent.sum()).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    lp, ent, _ = klear_token_stats(model, ids, mask, keep, temperature=TEMPERATURE)
+    ours = grads(lp, ent)
+    ref_lp, ref_ent = naive_logps_entropy(model, inp, TEMPERATURE)
+    m = mask[:, -keep:].bool()
+    assert torch.allclose(lp[m], ref_lp[m], atol=1e-5) and torch.allclose(ent[m], ref_ent[m], atol=1e-5)
+    ref = grads(torch.where(m, ref_lp, 0.0), torch.where(m, ref_ent, 0.0))
+    assert set(ours) == set(ref) and any("lora_A" in n for n in ours)
+    for name, g in ref.items():
+        assert torch.allclose(ours[name], g, atol=1e-5), name
+
+
+def test_klear_backend_refuses_a_forward_that_bypasses_the_head_module(tiny):
+    """A forward that computes logits from the head's weight without calling the head module, or one that changes
+    what the head returned (as a patched forward might), is refused: its output is never read as log-probs."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    from klear_lib.train.rl import klear_token_stats
+
+    _, tok, spec = tiny
+    model = models.build_tiny_model(tok, spec, seed=0)
+
+    def forward(input_ids=None, attention_mask=None, **kw):
+        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return CausalLMOutputWithPast(logits=torch.nn.functional.linear(hidden, model.lm_head.weight))
+
+    model.forward = forward
+    ids = torch.randint(3, 50, (2, 6))
+    with pytest.raises(RuntimeError, match="called its LM head module 0 time.*logprob_backend='trl'"):
+        klear_token_stats(model, ids, torch.ones_like(ids), 3)
+
+    def rounding_forward(input_ids=None, attention_mask=None, **kw):  # calls the head, casts what it returns
+        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return CausalLMOutputWithPast(logits=model.lm_head(hidden).to(torch.bfloat16).float())
+
+    model.forward = rounding_forward
+    with pytest.raises(RuntimeError, match="called its LM head module 1 time.*unchanged"):
+        klear_token_stats(model, ids, torch.ones_like(ids), 3)
+
+
 def test_random_stop_control_keeps_the_value_and_drops_the_drawn_tokens_gradient(tiny, tmp_path):
     """The ERC control: the loss value is the plain loss's; the gradient is the loss's with the drawn tokens'
     log-probs detached (the draws replayed from the trainer's own seeded generator)."""

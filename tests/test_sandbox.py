@@ -15,7 +15,7 @@ import warnings
 
 import pytest
 
-from klear_lib.rewards import sandbox, sandbox_root, sandbox_zygote
+from klear_lib.rewards import sandbox, sandbox_cgroup, sandbox_root, sandbox_zygote
 from klear_lib.rewards.sandbox import FunctionCall, UnsafeSandboxWarning, run_python, run_python_tests
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None,
@@ -26,26 +26,32 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # --- the frame protocol and result assembly ----------------------------------------------------------------------
 
 def test_frames_round_trip_and_a_cut_frame_is_dropped():
-    a = sandbox_zygote.encode_frame(0, 256, 0, 0, 0, 0, 0.25, b"out\n\nx", b"", b"json [1]")
-    b = sandbox_zygote.encode_frame(1, 9, 1, 1, 1, 0, 2.0, b"1 2 3\n", b"err", b"")
+    a = sandbox_zygote.encode_frame(0, 256, 0.25, 0.125, b"out\n\nx", b"", b"json [1]\n")
+    b = sandbox_zygote.encode_frame(1, 9, 2.0, 1.5, b"1 2 3\n", b"err", b"", timed_out=True, overflow=True,
+                                    out_truncated=True, memory_exceeded=True)
     frames = sandbox_zygote.decode_frames(a + b + b[:-2])  # a third frame cut short: not reported
     assert len(frames) == 2
     assert frames[0] == {"i": 0, "status": 256, "timed_out": False, "overflow": False, "out_truncated": False,
-                         "err_truncated": False, "duration_s": 0.25, "out": b"out\n\nx", "err": b"",
-                         "result": b"json [1]"}
-    assert (frames[1]["i"], frames[1]["timed_out"], frames[1]["overflow"], frames[1]["out"], frames[1]["err"]) == \
-        (1, True, True, b"1 2 3\n", b"err")
+                         "err_truncated": False, "result_overflow": False, "memory_exceeded": False,
+                         "duration_s": 0.25, "cpu_s": 0.125, "out": b"out\n\nx", "err": b"", "result": b"json [1]\n"}
+    assert (frames[1]["i"], frames[1]["timed_out"], frames[1]["overflow"], frames[1]["memory_exceeded"],
+            frames[1]["cpu_s"], frames[1]["out"], frames[1]["err"]) == (1, True, True, True, 1.5, b"1 2 3\n", b"err")
+    assert sandbox_zygote.decode_frames(b"garbage header\n" + a) == []  # a malformed header ends the stream
 
 
 def test_results_decode_wait_statuses_and_fill_missing_tests():
     frames = sandbox_zygote.decode_frames(
-        sandbox_zygote.encode_frame(0, 3 << 8, 0, 0, 0, 0, 0.1, b"", b"", b"json {\"a\": [1, 2]}")
-        + sandbox_zygote.encode_frame(1, 11, 0, 0, 0, 0, 0.1, b"", b"", b"repr {1, 2}"))
+        sandbox_zygote.encode_frame(0, 3 << 8, 0.1, 0.1, b"", b"", b"json {\"a\": [1, 2]}\n")
+        + sandbox_zygote.encode_frame(1, 11, 0.1, 0.1, b"", b"", b"repr {1, 2}\n")
+        + sandbox_zygote.encode_frame(2, 0, 0.1, 0.1, b"", b"", b"json [1]\njson [2]\n")
+        + sandbox_zygote.encode_frame(3, 0, 0.1, 0.1, b"", b"", b"json [[[" + b"[" * 300 + b"\n"))
     raw = sandbox.Raw(returncode=-9, stdout=b"", stderr=b"killed", timed_out=True)
-    r0, r1, r2 = sandbox._results(frames, 3, raw, sandboxed=True)
+    r0, r1, r2, r3, r4 = sandbox._results(frames, 5, raw, sandboxed=True)
     assert (r0.returncode, r0.killed_by_signal, r0.returned, r0.value) == (3, None, True, {"a": [1, 2]})
     assert (r1.returncode, r1.killed_by_signal, r1.value, r1.value_is_json) == (128 + 11, 11, "{1, 2}", False)
-    assert r2.timed_out and "sandbox ended before this test finished: killed" in r2.stderr  # the host's deadline
+    assert (r2.returned, r2.value_is_json) == (True, False) and "not one line" in r2.value  # two records: neither
+    assert (r3.value_is_json, r3.value) == (False, "result nested 303 deep (more than 200)")
+    assert r4.timed_out and "sandbox ended before this test finished: killed" in r4.stderr  # the host's deadline
 
 
 def test_a_test_must_be_a_string_or_a_function_call():
@@ -96,12 +102,12 @@ def test_hang_crash_flood_and_exit_cost_only_their_own_test():
                           max_output_bytes=1 << 20)
     wall = time.monotonic() - t0
     assert [r.stdout for r in (rs[0], rs[6])] == ["fine a\n", "fine b\n"]
-    assert rs[1].timed_out and 1.0 <= rs[1].duration_s < 1.5 and rs[1].killed_by_signal == 9
+    assert rs[1].timed_out and 1.0 <= rs[1].cpu_s < 1.2 and rs[1].killed_by_signal == 9  # CPU time: load-proof
     assert rs[2].killed_by_signal == 11 and rs[2].returncode == 139 and not rs[2].timed_out
     assert rs[3].output_limit_exceeded and rs[3].stdout_truncated and len(rs[3].stdout) == 1 << 20
     assert rs[4].returncode == 3 and not rs[4].ok
-    assert rs[5].ok and 0.3 <= rs[5].duration_s < 1.0  # its own time, fork to exit
-    assert wall < 1.0 + 4.0  # one hang costs one timeout, not one per sibling
+    assert rs[5].ok and 0.3 <= rs[5].duration_s < 3.0 and rs[5].cpu_s < 0.2  # its own time, fork to exit
+    assert wall < rs[1].duration_s + 4.0  # one hang costs one timeout, not one per sibling
 
 
 @needs_bwrap
@@ -168,11 +174,12 @@ def test_the_hosts_backstop_ends_a_stuck_sandbox(monkeypatch):
     # The warm interpreter enforces each test's timeout; the host's deadline (startup budget + per-test slack) is
     # the backstop should the sandbox as a whole stall. Shrink it below one test's timeout to see it act.
     monkeypatch.setattr(sandbox, "STARTUP_BUDGET_S", 0.5)
-    monkeypatch.setattr(sandbox, "PER_TEST_SLACK_S", -2.5)  # budget: 0.5 + 2 x (3 - 2.5) = 1.5 s
+    # budget: 0.5 + 2 x (wall 3 + reset 5 - 7.5) = 1.5 s
+    monkeypatch.setattr(sandbox, "PER_TEST_SLACK_S", -7.5)
     already = set(children_of(os.getpid()))  # e.g. multiprocessing's resource tracker from an earlier test
     t0 = time.monotonic()
     program = "import sys, time\nif sys.stdin.read() == 'hang':\n    time.sleep(60)\nprint('ok')"
-    first, second = run_python_tests(program, ["quick", "hang"], timeout_s=3.0)
+    first, second = run_python_tests(program, ["quick", "hang"], timeout_s=3.0, wall_timeout_s=3.0)
     assert time.monotonic() - t0 < 2.5
     assert first.ok and first.stdout == "ok\n"  # its frame came before the kill
     assert second.timed_out and second.stderr.startswith("the sandbox ended before this test finished")
@@ -316,3 +323,134 @@ def test_unsafe_mode_runs_each_test_in_its_own_process(monkeypatch):
     assert [r.stdout.split()[:2] for r in rs] == [["1", "a"], ["1", "b"]]
     assert not rs[0].sandboxed and rs[0].stdout.split()[2] != "1"  # an ordinary process, not a namespace's pid 1
     assert sum(issubclass(w.category, UnsafeSandboxWarning) for w in caught) == 1
+
+
+# --- a fresh sandbox for every test ------------------------------------------------------------------------------
+
+def test_emptying_a_directory_survives_deep_trees_long_paths_and_locked_dirs(tmp_path):
+    # The walk holds directory descriptors: no recursion (3,000 levels), no path length limit (> PATH_MAX), and it
+    # gives back permissions a test took away; a symlink is removed, never followed.
+    top = tmp_path / "top"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not mine to remove")
+    top.mkdir()
+    (top / "main.py").write_text("kept")
+    fd = os.open(top, os.O_RDONLY)
+    for name, depth in (("d", 3000), ("x" * 200, 30)):
+        cur = os.dup(fd)
+        for _ in range(depth):
+            os.mkdir(name, dir_fd=cur)
+            nxt = os.open(name, os.O_RDONLY, dir_fd=cur)
+            os.close(cur)
+            cur = nxt
+        with open(os.open("leaf", os.O_WRONLY | os.O_CREAT, dir_fd=cur), "w") as f:
+            f.write("state")
+        os.close(cur)
+    os.close(fd)
+    (top / "locked").mkdir()
+    (top / "locked" / "f").write_text("x")
+    os.chmod(top / "locked", 0)
+    os.symlink(outside, top / "link")
+    assert sandbox_zygote._empty(str(top), str(top / "main.py"))
+    assert os.listdir(top) == ["main.py"]
+    assert (outside / "keep.txt").read_text() == "not mine to remove"
+
+
+@needs_bwrap
+def test_each_test_finds_the_sandbox_as_the_first_one_did():
+    # Files behind a deep tree or a long path, a locked directory, timestamps set by a chosen write: all gone or
+    # set back before the next test. SysV IPC and POSIX message queues cannot even be created (EPERM).
+    program = textwrap.dedent("""
+        import ctypes, os, sys, time
+        def stamp(p):
+            st = os.stat(p)
+            return (st.st_mode, st.st_mtime_ns, st.st_atime_ns)
+        print(stamp('/tmp'), stamp('/dev/shm'), stamp('/tmp/main.py'))  # before a listing moves the access times
+        print(sorted(os.listdir('/tmp')), os.listdir('/dev/shm'))
+        libc = ctypes.CDLL(None, use_errno=True)
+        print(libc.shmget(0, 4096, 0o1600), libc.msgget(0, 0o1600), libc.semget(0, 1, 0o1600), ctypes.get_errno())
+        if sys.stdin.read() == 'poison':
+            open('/tmp/main.py').read()  # moves its access time
+            os.chdir('/tmp')
+            for _ in range(1500):
+                os.mkdir('d'); os.chdir('d')
+            open('state', 'w').write('1')
+            os.mkdir('/dev/shm/locked'); open('/dev/shm/locked/f', 'w').write('1'); os.chmod('/dev/shm/locked', 0)
+            time.sleep(0.05)
+            os.mkdir('/tmp/e'); os.rmdir('/tmp/e')  # /tmp's modification time, at a moment of its choosing
+    """)
+    first, second = run_python_tests(program, ["poison", "check"], timeout_s=5)
+    assert first.ok, first.stderr
+    assert second.stdout == first.stdout  # the same listing, modes and timestamps; the same refusals
+    assert second.stdout.splitlines()[1:] == ["['main.py'] []", "-1 -1 -1 1"]
+
+
+@needs_bwrap
+def test_cpu_time_not_wall_time_decides_a_timeout():
+    # A test that sleeps uses no CPU: it meets the wall-clock backstop, not the CPU limit; one that computes meets
+    # the CPU limit, however slow the machine is (its cpu_s, not its duration, is at the limit).
+    program = "import sys, time\nif sys.stdin.read() == 's':\n    time.sleep(60)\nwhile True:\n    pass\n"
+    [sleeper] = run_python_tests(program, ["s"], timeout_s=0.5, wall_timeout_s=1.0)
+    [spinner] = run_python_tests(program, ["b"], timeout_s=0.5, wall_timeout_s=60.0)
+    assert sleeper.timed_out and sleeper.cpu_s < 0.2 and sleeper.duration_s >= 1.0
+    assert spinner.timed_out and 0.5 <= spinner.cpu_s < 1.0  # the per-process RLIMIT_CPU backstop is 2 s
+    assert sandbox.wall_limit_s(2.0) == 7.0
+
+
+# --- per-sample cgroups ----------------------------------------------------------------------------------------
+
+def test_cgroup_setup_can_be_turned_off_and_explains_itself(monkeypatch, tmp_path):
+    monkeypatch.setenv(sandbox_cgroup.ENV_VAR, "off")
+    assert sandbox_cgroup.setup() is None
+    assert sandbox_cgroup.status() == {"mode": "none", "why": "KLEAR_SANDBOX_CGROUP=off"}
+    monkeypatch.setenv(sandbox_cgroup.ENV_VAR, str(tmp_path))
+    assert sandbox_cgroup.setup() is None
+    assert "not a directory of a cgroup v2 hierarchy" in sandbox_cgroup.status()["why"]
+
+
+def test_cgroup_paths_follow_the_mount_root():
+    assert sandbox_cgroup._join(("/sys/fs/cgroup", "/"), "/a/b") == "/sys/fs/cgroup/a/b"
+    assert sandbox_cgroup._join(("/sys/fs/cgroup", "/a"), "/a/b") == "/sys/fs/cgroup/b"  # a bind-mounted subtree
+    assert sandbox_cgroup._join(("/sys/fs/cgroup", "/x"), "/a/b") is None  # outside what is mounted
+
+
+@needs_bwrap
+def test_a_sample_runs_in_its_own_cgroup_removed_after(monkeypatch):
+    monkeypatch.delenv(sandbox_cgroup.ENV_VAR, raising=False)
+    host = sandbox_cgroup.setup()
+    if host is None:
+        pytest.skip(f"no usable cgroup here: {sandbox_cgroup.status()['why']}")
+    made = []
+    real_init = sandbox_cgroup.SampleCgroup.__init__
+
+    def spy(self, h, memory_bytes):
+        real_init(self, h, memory_bytes)
+        made.append((list(self.dirs), memory_bytes))
+
+    monkeypatch.setattr(sandbox_cgroup.SampleCgroup, "__init__", spy)
+    r = run_python("print(open('/proc/self/cgroup').read())", memory_mb=300, tmpfs_mb=10, max_output_bytes=1 << 20)
+    [(dirs, memory_bytes)] = made
+    assert memory_bytes == sandbox.sample_memory_default_mb(300, 10, 1 << 20) << 20 == (300 + 20 + 3 + 128) << 20
+    assert all(not os.path.exists(d) for d in dirs)  # removed once the sandbox was waited for
+    name = os.path.basename(dirs[0])
+    inside = r.stdout
+    assert r.ok and (name in inside or "0::/\n" in inside)  # v1 shows the path; a v2 cgroup namespace shows /
+
+
+def test_stale_sample_cgroups_of_dead_processes_are_removed(tmp_path, monkeypatch):
+    # A pool worker killed mid-sample leaves its (empty) cgroup; a later process removes it once it is old.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    old = time.time() - 2 * sandbox_cgroup.STALE_S
+    for name in (f"klear-sandbox-{dead}-0-aa", f"klear-sandbox-{dead}-1-bb", f"klear-sandbox-{os.getpid()}-0-cc",
+                 "other"):
+        (tmp_path / name).mkdir()
+        os.utime(tmp_path / name, (old, old))
+    (tmp_path / f"klear-sandbox-{dead}-1-bb" / "busy").mkdir()  # a cgroup with children is not empty: kept
+    os.utime(tmp_path / f"klear-sandbox-{dead}-1-bb", (old, old))
+    young = tmp_path / f"klear-sandbox-{dead}-2-dd"
+    young.mkdir()  # just made: maybe a process in another PID namespace is setting it up
+    sandbox_cgroup._remove_stale(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == sorted([f"klear-sandbox-{dead}-1-bb", f"klear-sandbox-{os.getpid()}-0-cc",
+                                                   "other", young.name])

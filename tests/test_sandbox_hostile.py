@@ -2,15 +2,17 @@
 
 Every test runs hostile programs through `run_python` / `run_python_tests` and asserts three things: the program
 did not get what it wanted (host files, secrets, sockets, network, kernel interfaces, surviving processes), it
-came back within `timeout_s + 2` s of wall time, and the host is unchanged afterwards: the `host` fixture, used
-by every test, checks that the planted directory (a secret, hidden test data, a world-writable folder, a unix
-socket) is byte-identical, that nothing new appeared in $HOME or the repository, that no process of ours is
-left (zombies included), and that no socket server got a connection. Timeouts are short (1 s) to keep this
-file fast. `pytest -s` prints the corpus size and the worst wall-time overrun.
+came back within its tests' wall-clock backstops (`sandbox.wall_limit_s`) + 2 s, and the host is unchanged
+afterwards: the `host` fixture, used by every test, checks that the planted directory (a secret, hidden test
+data, a world-writable folder, a unix socket) is byte-identical, that nothing new appeared in $HOME or the
+repository, that no process of ours is left (zombies included), and that no socket server got a connection.
+Timeouts are short (1 s of CPU time) to keep this file fast. `pytest -s` prints the corpus size and the worst
+wall-time overrun. The reward-level corpus (probes scored as training scores them) is test_reward_hostile.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -33,10 +35,10 @@ from klear_lib.rewards.sandbox_root import interpreter_files, is_under
 
 NO_BWRAP = "bubblewrap is not installed (apt-get install bubblewrap, or `make`)"
 TIMEOUT = 1.0
-SLACK = 2.0  # every result within timeout_s + 2 s
+SLACK = 2.0  # every result within its wall-clock backstop + 2 s
 REPO = Path(__file__).resolve().parents[1]
 INTERPRETER = interpreter_files(os.path.realpath(sys.executable))  # what the sandbox shows of the host
-PROGRAMS: list[float] = []  # wall time minus the timeout budget of every hostile program run
+PROGRAMS: list[float] = []  # wall time minus the wall-clock budget of every hostile program run
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -44,7 +46,7 @@ def report_corpus():
     yield
     if PROGRAMS:
         print(f"\nhostile corpus: {len(PROGRAMS)} programs, all contained; worst wall time = "
-              f"timeout {max(PROGRAMS):+.3f} s")
+              f"budget {max(PROGRAMS):+.3f} s")
 
 
 def run(code: str, **kw):
@@ -60,7 +62,7 @@ def run_tests(code: str, tests: list, **kw):
     t0 = time.monotonic()
     results = run_python_tests(textwrap.dedent(code), tests, **kw)
     wall = time.monotonic() - t0
-    budget = len(tests) * kw["timeout_s"]
+    budget = len(tests) * kw.get("wall_timeout_s", sandbox.wall_limit_s(kw["timeout_s"]))
     PROGRAMS.append(wall - budget)
     assert wall <= budget + SLACK, f"took {wall:.2f} s"
     assert all(r.sandboxed for r in results)
@@ -130,9 +132,10 @@ class Host:
         return n
 
 
-@pytest.fixture
-def host(tmp_path):
-    h = Host(tmp_path)
+@contextlib.contextmanager
+def host_unchanged(root: Path):
+    """A `Host` planted in `root`; on exit, assert it is unchanged (see the module docstring)."""
+    h = Host(root)
     before = h.state()
     # processes this test session already had (e.g. multiprocessing's resource tracker, started by an earlier test
     # that used a spawn pool, lives as long as pytest): not the hostile program's
@@ -145,6 +148,12 @@ def host(tmp_path):
     finally:
         for s in h.servers:
             s.close()
+
+
+@pytest.fixture
+def host(tmp_path):
+    with host_unchanged(tmp_path) as h:
+        yield h
 
 
 def assert_no_secret(h: Host, *results):
@@ -353,9 +362,13 @@ def test_the_working_directory_is_private(host, monkeypatch):
 
 
 def test_filling_the_disk_stays_in_the_tmpfs(host):
-    before = shutil.disk_usage("/").free
+    # What the test itself did, measured where it did it (the host's free disk moves with every other process):
+    # both directories are tmpfs of 32 MiB, and the writes filled exactly those.
     r = run("""
+        import os
         total = 0
+        mounts = {line.split()[4]: line.split(' - ')[1].split()[0] for line in open('/proc/self/mountinfo')}
+        print('fs', mounts['/tmp'], mounts['/dev/shm'])
         for d in ('/tmp', '/dev/shm'):
             for i in range(1000):
                 try:
@@ -366,13 +379,20 @@ def test_filling_the_disk_stays_in_the_tmpfs(host):
                     print(d, e.errno)
                     if e.errno == 28:  # ENOSPC: this filesystem is full, try the next
                         break
+        for d in ('/tmp', '/dev/shm'):
+            st = os.statvfs(d)
+            print('used', d, (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_blocks * st.f_frsize)
         print('total', total)
     """, tmpfs_mb=32, max_file_mb=8, timeout_s=10)
     lines = r.stdout.split("\n")
+    assert lines[0] == "fs tmpfs tmpfs"  # in memory, in the sandbox's own mounts: not the host's disk
     assert "/tmp 27" in lines  # EFBIG: one file stops at RLIMIT_FSIZE
     assert "/tmp 28" in lines and "/dev/shm 28" in lines  # ENOSPC: the tmpfs sizes bound the total
-    assert int(r.stdout.split("total")[1]) <= 2 * (32 << 20)
-    assert before - shutil.disk_usage("/").free < 32 << 20  # the host's disk did not take it
+    total = int(r.stdout.split("total")[1])
+    used = {ln.split()[1]: (int(ln.split()[2]), int(ln.split()[3])) for ln in lines if ln.startswith("used")}
+    assert used["/dev/shm"][1] == 32 << 20 and used["/dev/shm"][0] == used["/dev/shm"][1]  # full, at its size
+    assert used["/tmp"][0] == used["/tmp"][1] <= (32 << 20) + (1 << 20)  # /tmp: its size (+ room for a stdin)
+    assert total <= used["/tmp"][0] + used["/dev/shm"][0] <= 2 * (33 << 20)
 
 
 # --- sockets and the network ---------------------------------------------------------------------------------
@@ -745,14 +765,15 @@ def test_too_many_open_files(host):
 
 
 def test_deep_recursion_is_contained(host):
-    # Recursing through eval() recurses in C too: with the recursion limit lifted, the C stack overflows.
+    # Recursing through eval() recurses in C too: with the recursion limit lifted, the C stack overflows. It
+    # takes a fraction of a second of CPU time; the limit is CPU time, so a loaded machine cannot fail it.
     r = run("""
         import sys
         sys.setrecursionlimit(10 ** 8)
         def f(n):
             return eval('f(n + 1)')
         f(0)
-    """)
+    """, timeout_s=10)
     assert not r.timed_out and r.killed_by_signal == 11
 
 
@@ -804,13 +825,13 @@ def test_unsafe_mode_warns_on_every_call(monkeypatch):
 NON_ROOT_PROBE = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-from klear_lib.rewards.sandbox import FunctionCall, run_python_tests
+from klear_lib.rewards.sandbox import FunctionCall, run_python_tests, wall_limit_s
 host_sock, tcp_port, secret_path = sys.argv[2], int(sys.argv[3]), sys.argv[4]
 out, overruns = {}, []
 def run_python(code, tests=("",), timeout_s=1.0):
     t0 = time.monotonic()
     rs = run_python_tests(code, list(tests), timeout_s=timeout_s)
-    overruns.append(time.monotonic() - t0 - len(tests) * timeout_s)
+    overruns.append(time.monotonic() - t0 - len(tests) * wall_limit_s(timeout_s))
     return rs if len(tests) > 1 else rs[0]
 r = run_python("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n")
 out["fork_bomb"] = r.timed_out
@@ -833,6 +854,15 @@ out["zygote"] = r.stdout.split()
 rs = run_python("import json, sys\njson.n = getattr(json, 'n', 0) + 1\ndef f(): return json.n\n"
                 "if __name__ == '__main__': print(json.n, sys.stdin.read())", ["a", FunctionCall("f"), "b"])
 out["isolation"] = [rs[0].stdout, rs[1].value, rs[2].stdout]
+# Without root the tests share the zygote's uid and own /tmp and main.py: what they change there is set back, or
+# no further test runs.
+RESET = ("import os, sys\nw = sys.stdin.read()\n"
+         "if w == 'chmod': os.chmod('/tmp', 0o700); os.chmod('/dev/shm', 0o755)\n"
+         "if w == 'xattr': os.setxattr('/tmp', 'user.progress', b'42')\n"
+         "if w == 'main': os.chmod('/tmp/main.py', 0o644); open('/tmp/main.py', 'a').write('#')\n"
+         "print(oct(os.stat('/tmp').st_mode), oct(os.stat('/dev/shm').st_mode), os.listxattr('/tmp'))")
+out["reset"] = {w: [(r.returncode, r.stdout, r.stderr[-120:]) for r in run_python(RESET, [w, "look"])]
+                for w in ("chmod", "xattr", "main")}
 out["overruns"] = overruns
 print(json.dumps(out))
 """.replace("%(syscall)r", repr(SYSCALL))
@@ -860,7 +890,8 @@ def test_non_root_caller_is_contained_too(host):
         pkg.mkdir(parents=True)
         for init in (pkg.parent / "__init__.py", pkg / "__init__.py"):
             init.write_text("")
-        for name in ("sandbox", "sandbox_exec", "sandbox_root", "sandbox_zygote", "seccomp"):
+        for name in ("sandbox", "sandbox_cgroup", "sandbox_exec", "sandbox_json", "sandbox_root", "sandbox_zygote",
+                     "seccomp"):
             shutil.copyfile(REPO / "klear_lib" / "rewards" / f"{name}.py", pkg / f"{name}.py")
         home = work / "home"
         home.mkdir()
@@ -894,3 +925,10 @@ def test_non_root_caller_is_contained_too(host):
     assert out["seccomp"] == ["1"] * 5  # EPERM: the filter holds without root too
     assert out["zygote"] == ["blocked", "blocked"]  # the non-dumpable warm interpreter
     assert out["isolation"] == ["1 a\n", 1, "1 b\n"]
+    clean = "0o41777 0o41777 []\n"
+    assert out["reset"]["chmod"][1][:2] == [0, clean]  # the modes set back
+    for what in ("xattr", "main"):
+        if "not supported" in out["reset"][what][0][2]:
+            continue  # no user xattrs on this kernel's tmpfs (before Linux 6.6): nothing to leave
+        returncode, stdout, stderr = out["reset"][what][1]
+        assert (returncode, stdout) == (1, "") and stderr.startswith("not run: the sandbox could not be reset"), what

@@ -71,6 +71,45 @@ def test_cached_base_is_trained_once_and_a_unit_fine_tunes_and_evaluates_it(tmp_
     assert not (tmp_path / "units" / "x.model").exists()  # the fine-tuned model is not kept
 
 
+def test_a_damaged_cached_base_is_trained_again_to_the_same_model(tmp_path):
+    """The base's cache entry zeroed (same size), truncated, or given another base's weights: one line naming the
+    path and the reason, then the same base trained again (bit for bit, on CPU); a hit seeds what follows."""
+    import random
+
+    import torch
+
+    cfg = _tiny_cfg()
+    train, _ = tasks.make_splits(0, 64, 4)
+    samples = teachers.source_samples(teachers.SOURCES["clean"], train, 16, seed=0)
+    stage = SFTStageConfig(learning_rate=3e-3, epochs=1.0, batch_size=8, use_cpu=True, bf16=False)
+
+    def base(c=cfg, progress=None):
+        return sft_jobs.base_model(c, tasks.corpus(train), samples, stage, cache_root=tmp_path / "cache",
+                                   out_dir=tmp_path / "run", progress=progress or (lambda *_: None))
+
+    final = base()
+    after_miss = (torch.rand(2).tolist(), random.random())
+    weights = final / "model.safetensors"
+    original = weights.read_bytes()
+    other = base(cfg.replace(seed=1)) / "model.safetensors"
+    assert other.stat().st_size == len(original) and other.read_bytes() != original
+    damages = {"zeroed": (lambda: weights.write_bytes(bytes(len(original))), "differs from the manifest's sha256"),
+               "truncated": (lambda: weights.write_bytes(original[:4096]), "has 4,096 bytes"),
+               "swapped": (lambda: weights.write_bytes(other.read_bytes()), "differs from the manifest's sha256")}
+    for name, (damage, words) in damages.items():
+        damage()
+        said = []
+        assert base(progress=said.append) == final
+        assert any(f"not reusing the cached model {final.parent}: final/model.safetensors" in s and words in s
+                   for s in said), (name, said)
+        assert weights.read_bytes() == original, name
+    said = []
+    torch.rand(100)
+    base(progress=said.append)
+    assert any("reusing the cached model" in s for s in said)
+    assert (torch.rand(2).tolist(), random.random()) == after_miss  # a hit leaves the streams as a miss does
+
+
 # -- notebook 05: the share of groups with a signal ---------------------------------------------------------------
 def test_group_signal_hand_computed():
     # three groups of two: [1, 0.5] (both rules), [0.5, 0.25] (partial only: DAPO's rule), [0.25, 0.25] (none)

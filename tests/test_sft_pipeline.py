@@ -194,7 +194,7 @@ def test_load_for_sft_uses_unsloth_on_a_gpu(tmp_path):
     tok = models.build_tokenizer(tasks.corpus(train), vocab_size=300)
     models.save_model_and_tokenizer(models.build_tiny_model(tok), tok, tmp_path / "m")
     assert sft.unsloth_available()
-    model, tok2 = sft.load_for_sft(tmp_path / "m", max_length=256, bf16=True)
+    model, tok2 = sft.load_for_sft(tmp_path / "m", max_length=256, bf16=True, use_unsloth=True)  # opt-in
     import sys
     assert "unsloth" in sys.modules and next(model.parameters()).is_cuda
     enc = tok2(["<think>\n1 + 2 = 3\n</think>\n\\boxed{3}"], return_tensors="pt").to("cuda")

@@ -4,9 +4,11 @@ aggregation over micro-batches and data-parallel ranks (the α term included), t
 flags, positive counts), verl's own group filter against ours on the same rewards, and the reward function; every
 verl internal relied on is pinned to the verl release it was written for.
 
-verl is installed by `make test` (`pip install --no-deps verl` plus the few packages its loss code imports; its
-hydra dependency is left out, see docs/environment notes). Without verl these tests skip, unless
-KLEAR_REQUIRE_VERL=1 (set by `make test`), where a missing verl is a failure.
+verl is installed by `make test` with `pip install --no-deps --target <venv>/verl-nodeps`, outside site-packages so
+that pip neither sees nor checks it (its hydra dependency is left out: its antlr4 clashes with math-verify's build);
+the few packages its loss code imports come with the `verl-test` extra. This module puts that folder on sys.path
+(and on PYTHONPATH for the subprocesses it starts); KLEAR_VERL_DIR names another. Without verl these tests skip,
+unless KLEAR_REQUIRE_VERL=1 (set by `make test`), where a missing verl is a failure.
 """
 
 import functools
@@ -22,9 +24,13 @@ import types
 import pytest
 import torch
 
+VERL_DIR = pathlib.Path(os.environ.get("KLEAR_VERL_DIR") or pathlib.Path(sys.prefix) / "verl-nodeps")
+if VERL_DIR.is_dir() and str(VERL_DIR) not in sys.path:
+    sys.path.append(str(VERL_DIR))  # before klear_lib.integrations.verl, which loads verl when it can find it
 if importlib.util.find_spec("verl") is None:
     if os.environ.get("KLEAR_REQUIRE_VERL") == "1":
-        raise RuntimeError("KLEAR_REQUIRE_VERL=1 but verl is not installed (make test installs it)")
+        raise RuntimeError(f"KLEAR_REQUIRE_VERL=1 but verl is not installed (neither importable nor in {VERL_DIR}; "
+                           "make test installs it there)")
     pytest.skip("verl is not installed", allow_module_level=True)
 
 import verl
@@ -33,6 +39,15 @@ from verl.workers.config import ActorConfig, PolicyLossConfig
 
 from klear_lib import losses
 from klear_lib.integrations import verl as kv
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _verl_dir_on_subprocess_path():
+    """The subprocesses these tests start import verl from the same folder."""
+    with pytest.MonkeyPatch.context() as mp:
+        if VERL_DIR.is_dir():
+            mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(VERL_DIR)])))
+        yield
 
 
 def actor_config(**kw):
@@ -574,3 +589,50 @@ def test_every_override_of_the_launch_script_is_a_verl_config_key():
     assert sorted(k for k in keys if not has(k)) == []
     assert "klear) FILTER_ARGS=(algorithm.filter_groups.enable=True algorithm.filter_groups.metric=acc" in script
     assert "algorithm.filter_groups.metric=score" in script
+
+
+def _dry_run(env: dict) -> subprocess.CompletedProcess:
+    """scripts/verl_klear.sh with DRY_RUN=1: verl's command line, one argument a line; nothing runs."""
+    script = pathlib.Path(__file__).parents[1] / "scripts/verl_klear.sh"
+    base = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "GPUS_PER_NODE", "ROLLOUT_TP")}
+    base.update(PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                PY=sys.executable, DRY_RUN="1", SFT_MODEL="/models/sft",
+                PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run(["bash", str(script), "trainer.total_epochs=1"], env={**base, **env}, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("gpus, tp", [("1", "1"), ("2", "2"), ("3", "1"), ("8", "2")])
+def test_launch_script_sizes_tensor_parallel_from_the_gpus(gpus, tp):
+    """One node with one GPU as well as many: vLLM's tensor-parallel size is the largest divisor of the node's GPU
+    count up to ROLLOUT_TP (default 2), never more than the GPUs present; the dry run's every key is verl's."""
+    from omegaconf import OmegaConf
+
+    proc = _dry_run({"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(int(gpus)))})
+    assert proc.returncode == 0, proc.stderr
+    argv = proc.stdout.splitlines()
+    assert argv[:3] == [sys.executable, "-m", "verl.trainer.main_ppo"]
+    args = dict(a.split("=", 1) for a in argv[3:])
+    assert args["actor_rollout_ref.rollout.tensor_model_parallel_size"] == tp
+    assert args["trainer.n_gpus_per_node"] == gpus and args["trainer.nnodes"] == "1"
+    assert args["trainer.total_epochs"] == "1"  # extra arguments reach verl
+    config = OmegaConf.to_container(OmegaConf.load(pathlib.Path(verl.__file__).parent /
+                                                   "trainer/config/_generated_ppo_trainer.yaml"), resolve=False)
+
+    def has(path):  # a key of verl's config (its value may be a mandatory "???")
+        node = config
+        for part in path.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    assert [k for k in args if not has(k)] == []
+
+
+def test_launch_script_refuses_more_parallelism_than_gpus():
+    proc = _dry_run({"CUDA_VISIBLE_DEVICES": "0", "GPUS_PER_NODE": "2"})
+    assert proc.returncode == 2 and "GPUS_PER_NODE=2 but this node has 1 GPU(s)" in proc.stderr
+    proc = _dry_run({"GPUS_PER_NODE": "2", "ROLLOUT_TP": "4"})
+    assert proc.returncode == 2 and "ROLLOUT_TP=4 must be between 1 and GPUS_PER_NODE=2" in proc.stderr
+    assert _dry_run({"GPUS_PER_NODE": "4", "ROLLOUT_TP": "4"}).stdout.count("tensor_model_parallel_size=4") == 1

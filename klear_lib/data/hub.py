@@ -71,6 +71,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from datasets.exceptions import DatasetGenerationError
 
+from klear_lib.rewards import sandbox_json
+
 __all__ = [
     "SchemaError", "RLRecord", "SFTSample", "EvalProblem",
     "load_klear_rl", "load_openr1", "load_chat", "load_columns", "SFT_FAMILIES", "load_sft_source",
@@ -426,7 +428,7 @@ def is_code_record(data_source: str, ability: str) -> bool:
 def _parse_tests(text: str, ds: str, row: int) -> list | dict:
     field = "reward_model.ground_truth"
     try:
-        tests = json.loads(text)
+        tests = sandbox_json.loads(text)  # integers of any size (json.loads raises past 4,300 digits)
     except json.JSONDecodeError as err:
         raise SchemaError(f"{ds} row {row}: field '{field}' must be a JSON string of tests (list or dict), "
                           f"got invalid JSON ({err.msg} at char {err.pos}): {_show(text)}") from None

@@ -86,6 +86,7 @@ import numpy as np
 
 from klear_lib.data import hub, tasks
 from klear_lib.evaluation.metrics import math_maj_at_k, math_majority
+from klear_lib.rewards import sandbox_json
 from klear_lib.rewards.code import CodeRewardOptions, extract_code, score_code
 from klear_lib.rewards.math import extract_answer, score_math
 from klear_lib.rewards.pool import RewardPool
@@ -235,7 +236,7 @@ def _parse_date(value: Any, ds: str, row: int) -> datetime:
 def _json_field(row: dict, key: str, ds: str, row_i: int) -> Any:
     text = hub._field(row, key, str, ds, row_i)
     try:
-        return json.loads(text)
+        return sandbox_json.loads(text)  # integers of any size (json.loads raises past 4,300 digits)
     except json.JSONDecodeError as err:
         raise hub.SchemaError(f"{ds} row {row_i}: field '{key}' must be a JSON string, got invalid JSON "
                               f"({err.msg} at char {err.pos}): {hub._show(text)}") from None
@@ -244,7 +245,7 @@ def _json_field(row: dict, key: str, ds: str, row_i: int) -> Any:
 def _private_tests(text: str, ds: str, row: int) -> Any:
     """The private tests: plain JSON, else base64(zlib(pickle(JSON str))) unpickled without globals."""
     try:
-        return json.loads(text)
+        return sandbox_json.loads(text)
     except json.JSONDecodeError:
         pass
     where = f"{ds} row {row}: field 'private_test_cases'"
@@ -451,10 +452,12 @@ def _code_item(problem: BenchProblem, completion: str, prelude: str, options: di
 
 
 def _code_pool_options(problems: Sequence[BenchProblem], options: dict) -> dict:
-    """A per-item limit that covers every test's timeout (plus a second each and ten for the sandbox)."""
-    per_test = float(options.get("timeout_s", CodeRewardOptions.timeout_s)) + 1.0
+    """A per-item limit that covers the sandbox's own deadline for the most tests a problem has (plus start-up)."""
+    from klear_lib.rewards.sandbox import sample_budget_s
+
+    per_test = float(options.get("timeout_s", CodeRewardOptions.timeout_s))
     most = options.get("max_tests") or max((len(p.tests) for p in problems), default=1)
-    return {"timeout_s": most * per_test + 10.0}
+    return {"timeout_s": sample_budget_s(most, per_test) + 5.0}
 
 
 #: Reference §7: math judged by math-verify (correct iff ``score_math`` says ``correct``), with maj@n.

@@ -4,7 +4,10 @@
 ``klear_lib.rewards.math.score_math`` (Klear's released format rule and ±1 scores) and code with
 ``klear_lib.rewards.code.score_code`` in the bubblewrap sandbox (``soft``: the fraction of tests passed;
 ``KLEAR_CODE_REWARD=hard`` or ``signed`` for the other modes). Code ground truths are the records' JSON strings
-of tests.
+of tests, read with ``klear_lib.rewards.code.parse_tests`` (integers of any size). ``score_code`` never raises
+on a response (whatever its program does, a failure scores the mode's ``failure_score``, the score of an honest
+wrong answer), so one hostile response cannot end verl's step, whose reward loop catches only timeouts; a
+malformed ground truth (a data error) or a machine that cannot sandbox still raises, naming it.
 
 It returns ``{"score": s, "acc": 1.0 if s == FULL_SCORE else 0.0}``. verl 0.9.1's reward loop puts ``score`` into
 ``rm_scores`` (the reward) and every key of the dict into the trajectory's ``reward_extra_info``, which is what
@@ -28,7 +31,6 @@ imports ``FULL_SCORE`` from it.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import threading
 
@@ -75,9 +77,9 @@ def _score(data_source, solution_str, ground_truth, extra_info) -> float:
 
     ability = (extra_info or {}).get("ability", "") if isinstance(extra_info, dict) else ""
     if is_code_record(str(data_source), str(ability)):
-        from klear_lib.rewards.code import score_code
+        from klear_lib.rewards.code import parse_tests, score_code
 
-        tests = json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
+        tests = parse_tests(ground_truth) if isinstance(ground_truth, (str, bytes)) else ground_truth
         return score_code(solution_str, tests, mode=os.environ.get("KLEAR_CODE_REWARD", "soft")).score
     if threading.current_thread() is threading.main_thread():
         from klear_lib.rewards.math import score_math

@@ -12,38 +12,46 @@ Rule (reference §5, "Rewards / Code"):
    status 0 in time and its stdout equals the expected output, both stripped, compared line by line with
    trailing whitespace stripped. A function-call test ``{"fn_name", "args", "expected"}`` passes if
    ``fn(*args)`` (a top-level function, else a method of a top-level ``class Solution``) returns a value equal
-   to ``expected`` after a JSON round trip (tuples compare as lists). All tests of a sample run in ONE sandbox
-   (``sandbox.run_python_tests``), each in a fresh process forked from a warm interpreter, with its own
-   ``timeout_s``: a test that hangs, crashes or floods its output costs that test only. A test's stdout and
-   stderr are each capped at 4x the sample's longest expected output (at least 1 MiB): past it, ``wrong``.
+   to ``expected`` after a JSON round trip (tuples compare as lists; integers of any size compare exactly).
+   All tests of a sample run in ONE sandbox (``sandbox.run_python_tests``), each in a fresh process forked from
+   a warm interpreter, on a fresh /tmp, with its own ``timeout_s`` of CPU time (all its processes; a wall-clock
+   backstop of 3x + 1 s ends one that waits): a test that hangs, crashes or floods its output costs that test
+   only, and a busy machine slows tests without failing them. A test's stdout, stderr and result are each
+   capped at 4x the sample's longest expected output (at least 1 MiB): past it, ``wrong``.
 3. Score from k passed of n run (paper vs released code, reference §5):
 
        soft   = k / n            (the paper; 4 of 16 → 0.25)        failure score 0.0
        signed = 2·k / n − 1      (the released code)                failure score −1.0
        hard   = 1 if k = n else 0 (the paper's all-or-nothing ablation) failure score 0.0
 
-   Under group normalisation soft and signed give the same advantages; their failure scores do not, which is
-   why each mode has its own (a program that times out or crashes on every test scores 0 passed, i.e. exactly
-   the failure score, matching Klear's "timeout or crash → −1" in the signed scale).
+   The failure score of a mode, ``failure_score(mode)``, is its score for 0 passed: that of every response that
+   passes nothing (wrong, timed out, crashed, no code), and the score every caller must give a failure of the
+   judging itself (a ``RewardPool`` timeout or dead worker, a judge error), so that no failure of any kind
+   scores above an honest wrong answer, nor below it, in any mode. Under group normalisation soft and signed
+   give the same advantages; their failure scores do not, which is why each mode has its own (matching Klear's
+   "timeout or crash → −1" in the signed scale).
 
 Every result is a ``RewardResult`` whose ``reason`` is one of ``REASONS``, with ``passed``/``total`` = k/n
 (for ``no_code`` / ``no_think_close``: 0 of the tests that would have run).
 
-Trust. A function-call test's result is written by harness code inside the program's own process, so a
-program written to tamper with it (find the result descriptor and the per-test nonce in its memory) could fake
-passes; stdin/stdout tests cannot be forged that way (their output is read and judged outside the sandbox).
+Trust. Nothing a program does can raise here: its output is compared as text, and a function-call result is
+decoded as hostile bytes (``sandbox_json``: malformed, too deep, too large, invalid UTF-8, huge integers all
+give ``wrong`` with the reason); any other failure while judging a response is ``judge_error`` at the failure
+score. The result record is written from the program's own process, so the program can only claim its own
+test's value, which it could as well have returned; the expected values never enter the sandbox. A malformed
+test (a data error) still raises ``ValueError`` naming it, before anything runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import re
 from dataclasses import dataclass
 
+from klear_lib.rewards import sandbox_json
 from klear_lib.rewards.result import RewardResult, build_options
-from klear_lib.rewards.sandbox import FunctionCall, SandboxResult, run_python_tests
+from klear_lib.rewards.sandbox import FunctionCall, SandboxResult, SandboxUnavailableError, run_python_tests
 
 THINK_CLOSE = "</think>"
 
@@ -56,6 +64,7 @@ REASONS = {
     "crashed": "no test passed; every test crashed (non-zero exit, signal, exception) or timed out",
     "no_code": "no closed ```python block after the last </think>",
     "no_think_close": "the response has no </think> (format failure)",
+    "judge_error": "judging the response failed (a bug, never the response's doing); it scores the failure score",
 }
 
 #: Score from (passed, total) per reward mode, and the score of a format failure in that mode (reference §5).
@@ -64,7 +73,16 @@ MODES = {
     "signed": lambda k, n: 2.0 * k / n - 1.0,
     "hard": lambda k, n: 1.0 if k == n else 0.0,
 }
-FAILURE_SCORES = {"soft": 0.0, "signed": -1.0, "hard": 0.0}
+FAILURE_SCORES = {mode: score(0, 1) for mode, score in MODES.items()}  # soft 0.0, signed -1.0, hard 0.0
+
+
+def failure_score(mode: str) -> float:
+    """The score of a failure in reward mode ``mode``: its score for 0 tests passed (module docstring, rule 3).
+    Every caller that scores a failure of its own (a pool's timeout, a dead worker) must use this."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}; valid: {', '.join(MODES)}")
+    return FAILURE_SCORES[mode]
+
 
 OUTPUT_CAP_FLOOR = 1 << 20  # see `output_cap`
 _FENCE = re.compile(r"```[ \t]*(?:python3|python|py)[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -79,7 +97,8 @@ class CodeRewardOptions:
     seed: int = 0
     """Seed of the test subsample, so that every response to one problem meets the same tests."""
     timeout_s: float = 6.0
-    """Wall-clock limit per test, in seconds (LiveCodeBench's default)."""
+    """CPU-time limit per test, in seconds, over all its processes (LiveCodeBench's default, there wall time);
+    a test that waits instead of computing meets a wall-clock backstop of 3x + 1 s (``sandbox.wall_limit_s``)."""
     memory_mb: int = 1024
     """Address-space limit of the program (RLIMIT_AS), in MiB."""
     no_code_score: float | None = None
@@ -123,11 +142,12 @@ def score_code(response: str, tests: list[dict], *, mode: str = "soft", **option
     >>> score_code("<think>..</think>```python\\nprint(int(input())*2)\\n```", [{"input": "2", "output": "4"}])
     RewardResult(score=1.0, reason='all_passed', passed=1, total=1, detail='1/1 passed')
     """
-    if mode not in MODES:
-        raise ValueError(f"mode={mode!r}; valid: {', '.join(MODES)}")
+    failure = failure_score(mode)
     opts = make_options(**options)
     chosen = select_tests(tests, opts.max_tests, opts.seed)
-    failure = FAILURE_SCORES[mode]
+    expected = [_expected(t, i) for i, t in enumerate(chosen)]  # a data error raises here, before anything runs
+    if not isinstance(response, str):
+        return RewardResult(failure, "judge_error", 0, len(chosen), f"the response is a {type(response).__name__}")
     if THINK_CLOSE not in response and opts.require_think_close:
         score = failure if opts.no_think_close_score is None else opts.no_think_close_score
         return RewardResult(score, "no_think_close", 0, len(chosen), "no </think> in the response")
@@ -135,9 +155,20 @@ def score_code(response: str, tests: list[dict], *, mode: str = "soft", **option
     if program is None:
         score = failure if opts.no_code_score is None else opts.no_code_score
         return RewardResult(score, "no_code", 0, len(chosen), "no ```python block after the last </think>")
-    outcomes = run_tests(program, chosen, opts)
+    try:
+        outcomes = run_tests(program, chosen, opts, expected)
+    except (SandboxUnavailableError, KeyboardInterrupt):
+        raise  # the machine cannot sandbox at all: a configuration error, never a score
+    except Exception as e:  # noqa: BLE001 - nothing a response does may raise into training, nor pay
+        return RewardResult(failure, "judge_error", 0, len(chosen), f"{type(e).__name__}: {str(e)[:200]}")
     k, n = sum(o.status == "passed" for o in outcomes), len(outcomes)
     return RewardResult(MODES[mode](k, n), _reason(outcomes), k, n, _summary(outcomes))
+
+
+def parse_tests(text: str | bytes):
+    """A problem's tests from JSON text (a record's ground truth), integers of any size included (``json.loads``
+    raises past 4,300 digits; these become ``sandbox_json.LongInt``)."""
+    return sandbox_json.loads(text)
 
 
 def extract_code(response: str) -> str | None:
@@ -159,21 +190,29 @@ def select_tests(tests: list[dict], max_tests: int, seed: int) -> list[dict]:
     return [tests[i] for i in keep]
 
 
-def run_tests(program: str, tests: list[dict], opts: CodeRewardOptions) -> list[TestOutcome]:
-    """One outcome per test, in order, from ONE sandbox for the sample: each test in a fresh process."""
+def run_tests(program: str, tests: list[dict], opts: CodeRewardOptions, expected: list | None = None) \
+        -> list[TestOutcome]:
+    """One outcome per test, in order, from ONE sandbox for the sample: each test in a fresh process.
+    ``expected``: the tests' normalized expected values (``_expected``), computed here when not given."""
+    if expected is None:
+        expected = [_expected(t, i) for i, t in enumerate(tests)]
     runs = [test["input"] if _test_kind(test) == "stdio" else FunctionCall(test["fn_name"], list(test["args"]))
             for test in tests]
     results = run_python_tests(program, runs, timeout_s=opts.timeout_s, memory_mb=opts.memory_mb,
-                               max_output_bytes=output_cap(tests), hide_paths=tuple(opts.hide_paths),
+                               max_output_bytes=output_cap(tests, expected), hide_paths=tuple(opts.hide_paths),
                                unsafe_no_sandbox=opts.unsafe_no_sandbox)
-    return [_judge(test, r, opts) for test, r in zip(tests, results)]
+    return [_judge(test, want, r, opts) for test, want, r in zip(tests, expected, results)]
 
 
-def output_cap(tests: list[dict]) -> int:
-    """Bytes of stdout (and of stderr) a test may write before it is killed as ``wrong``: 4x the longest expected
-    output of the sample, at least ``OUTPUT_CAP_FLOOR``. Far past the answer's size a program cannot pass any
-    more, and a sample's results (up to 16 tests, both streams) then stay a few MiB in the reward worker."""
-    sizes = [len(t["output"]) if _test_kind(t) == "stdio" else len(json.dumps(t["expected"])) for t in tests]
+def output_cap(tests: list[dict], expected: list | None = None) -> int:
+    """Bytes of stdout (and of stderr, and of a result) a test may write before it is killed as ``wrong``: 4x the
+    longest expected output of the sample, at least ``OUTPUT_CAP_FLOOR``. Far past the answer's size a program
+    cannot pass any more, and a sample's results (up to 16 tests, both streams) then stay a few MiB in the reward
+    worker."""
+    if expected is None:
+        expected = [_expected(t, i) for i, t in enumerate(tests)]
+    sizes = [len(t["output"]) if _test_kind(t) == "stdio" else sandbox_json.json_size(want)
+             for t, want in zip(tests, expected)]
     return max(OUTPUT_CAP_FLOOR, 4 * max(sizes))
 
 
@@ -186,13 +225,29 @@ def _test_kind(test: dict) -> str:
                      "(stdin/stdout) or {'fn_name', 'args', 'expected'} (function call)")
 
 
+def _expected(test: dict, i: int):
+    """A function-call test's expected value as a result decodes (``sandbox_json.normalize_expected``); None for
+    a stdin/stdout test. ValueError naming the test when it is not a JSON value."""
+    if _test_kind(test) == "stdio":
+        if not isinstance(test["output"], str) or not isinstance(test["input"], str):
+            raise ValueError(f"test {i}: 'input' and 'output' must be str, got {type(test['input']).__name__} and "
+                             f"{type(test['output']).__name__}")
+        return None
+    try:
+        return sandbox_json.normalize_expected(test["expected"])
+    except (TypeError, RecursionError) as e:
+        raise ValueError(f"test {i} ({test['fn_name']!r}): its expected value is not JSON: {e}") from None
+
+
 def _lines(text: str) -> list[str]:
     return [line.rstrip() for line in text.strip().splitlines()]
 
 
-def _judge(test: dict, r: SandboxResult, opts: CodeRewardOptions) -> TestOutcome:
+def _judge(test: dict, want, r: SandboxResult, opts: CodeRewardOptions) -> TestOutcome:
     if r.timed_out:
-        return TestOutcome("timeout", f"no exit within {opts.timeout_s:g} s")
+        if r.cpu_s >= opts.timeout_s:
+            return TestOutcome("timeout", f"more than {opts.timeout_s:g} s of CPU time")
+        return TestOutcome("timeout", f"still running after {r.duration_s:.1f} s of wall time")
     if r.output_limit_exceeded:
         return TestOutcome("wrong", "output limit exceeded")
     if r.returncode != 0:
@@ -204,14 +259,15 @@ def _judge(test: dict, r: SandboxResult, opts: CodeRewardOptions) -> TestOutcome
     if not r.returned:  # exit status 0 before the call returned: sys.exit(0) at the top level, os._exit(0), ...
         return TestOutcome("crashed", "the program exited before the call returned")
     if not r.value_is_json:
-        return TestOutcome("wrong", f"result not JSON: {r.value}")
-    want = json.loads(json.dumps(test["expected"]))  # tuples -> lists, as the result went through JSON
-    if r.value == want:
+        return TestOutcome("wrong", f"result not JSON: {str(r.value)[:300]}")
+    if sandbox_json.equal(r.value, want):
         return TestOutcome("passed")
     return TestOutcome("wrong", f"expected {_short(want)}, got {_short(r.value)}")
 
 
 def _crash_detail(r: SandboxResult) -> str:
+    if r.memory_exceeded and r.killed_by_signal == 9:
+        return "killed at the sample's memory cap"
     if r.killed_by_signal:
         return f"killed by signal {r.killed_by_signal}"
     last = r.stderr.strip().splitlines()[-1:] or [""]
@@ -242,5 +298,4 @@ def _summary(outcomes: list[TestOutcome]) -> str:
 
 
 def _short(value, limit: int = 80) -> str:
-    text = value if isinstance(value, str) else json.dumps(value)
-    return repr(text if len(text) <= limit else text[:limit] + "...")
+    return sandbox_json.short(value, limit)

@@ -2,79 +2,245 @@
 
 Reference §5: math-verify's timeouts are ``SIGALRM`` and work only in a process's main thread, and "a hung
 parse must never stall training"; Klear grades in a Pebble process pool (code: 10 workers, 500 s per item,
-timeout or crash → −1). ``RewardPool`` is such a pool, with its own workers (``klear_lib.rewards.workers`` says
-why not pebble):
+timeout or crash → −1). ``RewardPool`` is that: pebble's ``ProcessPool`` (pinned 5.2.3) under a thin layer.
+Every item yields a ``RewardResult``, in input order: the judge's own, or ``failure_score`` with one of
+``POOL_REASONS``; nothing about one item is raised into the training loop, and nothing waits forever.
 
-* each item runs ``score_fn(**item)`` in the main thread of a worker process (so math-verify's own timeouts
-  work there), under a wall-clock limit of ``timeout_s`` that the parent enforces by killing the worker;
-* every item yields a ``RewardResult``, in input order: the judge's own, or the failure score with one of
-  ``POOL_REASONS``. Nothing about one item is raised into the training loop and nothing waits forever; a
-  killed or dead worker is replaced and the batch goes on;
-* a worker's early exit (``os._exit``, a segfault, SIGKILL) is ``worker_died`` as soon as the parent sees the
-  process end (its sentinel), not at the item's timeout;
-* ``memory_mb`` caps each worker's address space (``RLIMIT_AS``, soft limit) at what it holds once started plus
-  ``memory_mb``; a judgement that runs into the cap is ``memory_exceeded``;
-* a judge that cannot start in a fresh process (its module fails to import there, the initializer raises,
-  the module quits on import) fails the pool at once: the constructor raises ``WorkerStartError`` with the
-  worker's traceback, and so does ``score_batch`` if a replacement worker cannot start.
+What pebble does here: it runs each task in the main thread of a worker process (so math-verify's own timeouts
+work there), started with ``spawn`` by default; kills and replaces the worker of a task that runs past its
+``timeout`` (→ ``timeout``); reports a worker that dies with an error status or a signal while on a task
+(``ProcessExpired`` → ``worker_died``: ``os._exit(1)``, a segfault, SIGKILL); replaces a worker after
+``max_tasks`` tasks; runs an initializer in each worker, which here caps its address space (``memory_mb``,
+``RLIMIT_AS`` above what the worker holds once the judge is loaded; a judgement that runs into it raises
+MemoryError → ``memory_exceeded``). The worker side turns what the judge returns into a plain result
+(``checked``: NaN, inf, non-numbers → ``invalid_score``; a raise or a wrong type → ``error``).
+
+What the layer adds, because pebble 5.2.3 does not do it:
+
+* Start failures. A pebble worker that cannot load the judge (its module fails to import in a fresh process,
+  the initializer raises) dies at start: pebble then restarts it in a loop, or fails the whole pool for good
+  ("All workers expired"), or, for a module that quits on import, loses the task it took. So the pool first
+  loads the judge by name in one fresh process of the same start method, with the same initializer and cap;
+  if that fails the constructor raises ``WorkerStartError`` with that process's traceback. The same probe runs
+  again whenever the layer rebuilds pebble's pool (below), so a judge that stopped loading fails the batch the
+  same way.
+* Progress. pebble says nothing about a task until it ends. Each task writes, into a small per-batch file
+  (``/dev/shm``), which item its worker process (pid) is on and since when. The next three points use it.
+* Exit status 0. pebble ignores a worker that exits with status 0 (``os._exit(0)``): its item waited for the
+  timeout and came back as one. An item whose worker process is gone (reaped) while pebble, 0.25 s later, still
+  reports nothing is ``worker_died`` ("exit status 0": pebble reports every other exit).
+* Groups. pebble's timeout is per task and a task's results come back only when it ends. A group task's limit
+  is enforced per item here, from the progress file: an item that runs past ``timeout_s`` is cancelled (pebble
+  kills the worker) and scored ``timeout``; an item whose worker died is ``worker_died``; the group's other
+  items are then graded again one per task. pebble's own timeout of a group task (``timeout_s`` times its size)
+  is the backstop. A hang costs its own item, grouped or not (benchmarks/bench_pool_faults.py).
+* Lost tasks (an open pebble problem). A worker that dies after taking a task from pebble's pipe but before
+  acknowledging it loses the task: it never starts, so its timeout never runs. Workers take tasks in order, so a
+  task still not started when a later one has is lost: ``worker_died``. Every other silence (e.g. a worker that
+  died holding pebble's channel lock, which stalls the other workers for 60 s) is bounded by the batch deadline,
+  ``start_timeout_s + 2 * timeout_s * ceil(items / workers)`` (each item timed out twice, after a group's and its
+  own attempt, on every worker): what has no result by then is ``timeout``, and pebble's pool is rebuilt.
+* A broken pool. A worker that dies while no task runs (the OOM killer taking an idle worker) makes pebble fail
+  every pending task and refuse new ones, for good. The layer rebuilds pebble's pool (probe first) and grades
+  the batch's unfinished items again.
+* SIGTERM. pebble stops a worker with SIGTERM, whose handler is Python code that cannot run while a judge is
+  stuck in C (a huge sympy power), and waits 3 s before SIGKILL while holding the channel lock every worker
+  needs. During a judgement SIGTERM has its default action, so the kill is immediate.
 
 Groups. In GRPO the G completions of a prompt share a gold answer, and parsing the gold costs about as much as
 parsing an answer. With ``group_key="gold"``, a run of consecutive items with the same gold (at most
-``max_group``) is sent to one worker as one task: it parses the gold once (score_math caches it) and the batch
-pays one round trip per group instead of one per item (benchmarks/bench_math_pool.py). The worker still sends
-each item's result as soon as it has it, and the limit is per item, timed from the previous item's result: an
-item that hangs is killed after ``timeout_s`` like any other, the group's items before it keep their results,
-and the ones after it go back to the front of the queue as a new group. A hang costs its own item whatever the
-grouping (benchmarks/bench_pool_faults.py).
+``max_group``) is one task: one worker parses the gold once (score_math caches it) and the batch pays one round
+trip per group instead of one per item (benchmarks/bench_math_pool.py).
 
 ``make_trl_reward_func`` wraps a pool as a TRL ``reward_funcs`` entry that also reports why each reward is
 what it is (TRL's ``log_extra`` column and a running ``Counter`` on the function).
 
 Workers start with ``spawn`` by default: the trainer process holds torch (and possibly CUDA) threads, and
 forking a multi-threaded process can deadlock the child; a spawned worker imports the judge's module (and runs
-the main module's top level again, as ``spawn`` does), ≈0.5 s, paid at pool start and when a killed worker is
-replaced. ``score_fn`` must therefore be picklable by reference: a module-level function of an importable module
-(``klear_lib.rewards.math.score_math``), not one defined in a notebook.
+the main module's top level again, as ``spawn`` does), ≈0.5 s, paid at pool start (twice: the probe, then the
+workers) and when a killed worker is replaced. ``score_fn`` must therefore be picklable by reference: a
+module-level function of an importable module (``klear_lib.rewards.math.score_math``), not one defined in a
+notebook.
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
+import contextlib
 import itertools
 import math
 import multiprocessing
+import numbers
+import os
 import pickle
+import resource
+import signal
+import struct
+import tempfile
 import threading
 import time
-import weakref
+import traceback
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout  # the builtin TimeoutError from Python 3.11 on
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from multiprocessing import connection
 
+from pebble import ProcessExpired, ProcessPool
+
 from klear_lib.rewards.result import RewardResult
-from klear_lib.rewards.workers import READY, RESULT, START_ERROR, Worker, WorkerStartError, exit_description
 
-__all__ = ["RewardPool", "MemoPool", "WorkerStartError", "POOL_REASONS", "completion_text", "make_trl_reward_func"]
-
-_STOP_GRACE_S = 5.0  # how long close() lets idle workers exit by themselves before killing them
-_OPEN_POOLS: weakref.WeakSet = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_pools() -> None:
-    # Workers are not daemons (a judge may start processes), so multiprocessing would wait for them at exit:
-    # kill those of pools nobody closed. Registered after multiprocessing's own hook, so it runs before it.
-    for pool in list(_OPEN_POOLS):
-        pool.close(wait=False)
+__all__ = ["RewardPool", "MemoPool", "WorkerStartError", "POOL_REASONS", "checked", "completion_text",
+           "make_trl_reward_func"]
 
 #: Reasons the pool itself can give (the judge's own reasons pass through unchanged); each scores failure_score.
 POOL_REASONS = {
-    "timeout": "the item ran past the pool's timeout_s; its worker was killed and replaced",
-    "worker_died": "the worker process ended while grading the item (os._exit, a segfault, a signal)",
+    "timeout": "the item ran past the pool's timeout_s (its worker was killed and replaced), or had no result by "
+               "the batch deadline",
+    "worker_died": "the worker process ended while grading the item (os._exit, a segfault, a signal), or before "
+                   "it could start it",
     "memory_exceeded": "the judgement raised MemoryError: it ran into the worker's memory_mb cap (or the machine's)",
     "invalid_score": "the judge returned a score that is not a finite real number (NaN, inf, a str, None, a bool)",
-    "error": "score_fn raised, returned something other than a RewardResult, or the item could not be sent",
+    "error": "score_fn raised (SystemExit included), returned something other than a RewardResult, or the item "
+             "or its result could not be pickled",
 }
+
+_TICK_S = 0.05  # how often the layer reads the progress file
+_EXIT_GRACE_S = 0.25  # once a worker is reaped, how long pebble gets to report its death (it does so at once)
+_RECORD = struct.Struct("<qdd8x")  # per item: worker pid, start, end (time.monotonic(): one clock for all processes)
+
+
+class WorkerStartError(RuntimeError):
+    """A worker process could not start: the judge (or the initializer) failed in a fresh process."""
+
+
+# -- in the worker ---------------------------------------------------------------------------------------------
+def _short(text: str, n: int = 500) -> str:
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def address_space_mb() -> float:
+    """This process's virtual address space (VmSize), in MiB: what RLIMIT_AS limits (0 where /proc is absent)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return 0.0
+
+
+def checked(result, failure_score: float) -> RewardResult:
+    """The judge's return value as a plain ``RewardResult`` with a finite float score, or the failure it is.
+
+    Rebuilt field by field so that what crosses the pipe is made of builtins only (a numpy score or a custom
+    ``detail`` object from the judge's module could not be unpickled by a parent without that module).
+    """
+    if not isinstance(result, RewardResult):
+        return RewardResult(failure_score, "error",
+                            detail=f"score_fn returned {type(result).__name__}, expected RewardResult")
+    score = result.score
+    if isinstance(score, bool) or not isinstance(score, numbers.Real):
+        return RewardResult(failure_score, "invalid_score", detail=_short(
+            f"score is {type(score).__name__} ({score!r}), expected a real number; judge's reason {result.reason!r}"))
+    if not math.isfinite(float(score)):
+        return RewardResult(failure_score, "invalid_score",
+                            detail=_short(f"score is {float(score)!r}; judge's reason {result.reason!r}"))
+    return RewardResult(float(score), str(result.reason), _count(result.passed), _count(result.total),
+                        str(result.detail))
+
+
+def _count(value):
+    return None if value is None else int(value)
+
+
+def _grade(score_fn, item: dict, failure_score: float) -> RewardResult:
+    try:
+        return checked(score_fn(**item), failure_score)
+    except MemoryError as e:  # the address-space cap (or the machine) ran out while grading this item
+        return RewardResult(failure_score, "memory_exceeded", detail=_short(f"MemoryError: {e}"))
+    except BaseException as e:  # noqa: BLE001 - the judge's failure (sys.exit included) is that item's "error"
+        return RewardResult(failure_score, "error", detail=_short(f"{type(e).__name__}: {e}"))
+
+
+def _init_worker(score_fn, initializer, initargs, memory_mb) -> None:
+    """pebble's initializer of every worker, and what the start probe runs.
+
+    ``score_fn`` is passed only so that unpickling it imports the judge's module before the cap is set: the cap
+    is on top of what the worker holds with the judge loaded."""
+    if initializer is not None:
+        initializer(*initargs)
+    if memory_mb is not None:
+        # The soft limit only: the judge's own children (the code sandbox) set their own limits from it.
+        cap = int((address_space_mb() + memory_mb) * 2**20)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+
+def _probe(conn, payload: bytes, memory_mb) -> None:
+    """Body of the start probe: load the judge by name in a fresh process; send None, or the traceback.
+
+    ``payload`` is ``pickle.dumps((score_fn, initializer, initargs))``, unpickled here rather than by
+    multiprocessing, so that a module that fails to import (or quits) is reported with its traceback instead of
+    killing the process before it can say."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        score_fn, initializer, initargs = pickle.loads(payload)
+        _init_worker(score_fn, initializer, initargs, memory_mb)
+    except BaseException:  # noqa: BLE001 - SystemExit from a module that quits on import included
+        conn.send(_short(traceback.format_exc(), 4000))
+        return
+    conn.send(None)
+
+
+def _record(fd: int | None, i: int, pid: int, start: float, end: float) -> None:
+    if fd is not None:
+        try:
+            os.pwrite(fd, _RECORD.pack(pid, start, end), i * _RECORD.size)
+        except OSError:
+            pass  # no record: the layer then regrades a failed group item by item, and the deadline still holds
+
+
+def _grade_task(score_fn, items: list[dict], indices: list[int], failure_score: float, progress: str) -> list:
+    """One pebble task: grade ``items`` in order, writing into the batch's progress file which item this process
+    is on (``indices``: their places in the batch)."""
+    # pebble's SIGTERM handler cannot run while a judge is stuck in C; the default action kills at once.
+    pebble_term = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        fd = os.open(progress, os.O_WRONLY)
+    except OSError:
+        fd = None  # the batch is over (a cancelled task still running), or no file could be made
+    pid, results = os.getpid(), []
+    try:
+        for i, item in zip(indices, items):
+            start = time.monotonic()
+            _record(fd, i, pid, start, 0.0)
+            results.append(_grade(score_fn, item, failure_score))
+            _record(fd, i, pid, start, time.monotonic())
+    finally:
+        if fd is not None:
+            os.close(fd)
+        signal.signal(signal.SIGTERM, pebble_term)
+    return results
+
+
+# -- in the parent ---------------------------------------------------------------------------------------------
+def exit_description(exitcode: int | None) -> str:
+    """``exit status 3`` or ``killed by SIGSEGV`` for a process's exit code."""
+    if exitcode is None:
+        return "no exit status"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit status {exitcode}"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie does: pebble reaps its workers within its 0.1 s loop)."""
+    try:
+        os.kill(pid, 0)
+    except OSError:  # ESRCH: gone and reaped; EPERM: the pid is another user's process by now
+        return False
+    return True
 
 
 def _groups(items: Sequence[Mapping], key: str | None, max_group: int) -> list[list[int]]:
@@ -95,8 +261,42 @@ def _name(fn) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
+class _Progress:
+    """The per-batch file the workers write their records into (one ``_RECORD`` per item, written at its offset).
+
+    Where no file can be made, or written (no space), records are missing and read as "not started": a group that
+    fails is then graded again item by item, an exit with status 0 comes back at the item's timeout, and the batch
+    deadline still holds."""
+
+    def __init__(self):
+        try:
+            folder = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # tmpfs: no disk writes
+            self.fd, self.path = tempfile.mkstemp(prefix="klear-reward-", suffix=".progress", dir=folder)
+        except OSError:
+            self.fd, self.path = None, os.devnull
+
+    def read(self, i: int) -> tuple[int, float, float]:
+        record = b"" if self.fd is None else os.pread(self.fd, _RECORD.size, i * _RECORD.size)
+        return _RECORD.unpack(record) if len(record) == _RECORD.size else (0, 0.0, 0.0)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            with contextlib.suppress(OSError):  # removed by someone else: nothing left to clean
+                os.unlink(self.path)
+
+
+@dataclass
+class _Task:
+    indices: list[int]
+    seq: int  # order given to pebble, which is the order its workers take tasks in
+    future: object
+    done: int = 0  # items of the task the progress file shows finished
+    gone_since: float | None = None  # when its worker process was first seen gone while pebble said nothing
+
+
 class RewardPool:
-    """Worker processes that turn a batch of judge calls into a list of ``RewardResult`` (see module doc).
+    """pebble worker processes that turn a batch of judge calls into a list of ``RewardResult`` (module doc).
 
     Args:
         score_fn: picklable, module-level ``f(**item) -> RewardResult`` (e.g. ``score_math``).
@@ -115,11 +315,12 @@ class RewardPool:
             ``RLIMIT_AS`` (virtual memory, so a judge's reservations count, not only what it touches); None: no cap.
             The default, 4 GiB, is far above what math-verify or the sandbox's parent side add (tens of MiB) and
             keeps a runaway sympy expansion from taking the machine's memory.
-        start_timeout_s: how long a worker may take to start (spawn, imports, initializer) before the pool fails.
+        start_timeout_s: how long the start probe may take (spawn, imports, initializer) before the pool fails;
+            also the restart allowance in the batch deadline.
 
-    Raises ``WorkerStartError`` when a worker cannot start (the pool is closed then), ``TypeError`` when
-    ``score_fn`` does not pickle. Use as a context manager (``with RewardPool(score_math) as pool:
-    pool.score_batch(items)``), or call ``close()`` yourself; after either, no worker process is left.
+    Raises ``WorkerStartError`` when the judge cannot start in a fresh process (the pool is closed then),
+    ``TypeError`` when ``score_fn`` does not pickle. Use as a context manager (``with RewardPool(score_math) as
+    pool: pool.score_batch(items)``), or call ``close()`` yourself; after either, no worker process is left.
     """
 
     def __init__(self, score_fn: Callable[..., RewardResult], *, workers: int = 2, timeout_s: float = 10.0,
@@ -145,193 +346,288 @@ class RewardPool:
         self.max_group = max_group
         self.start_method = start_method
         self.max_tasks = max_tasks
+        self.initializer = initializer
+        self.initargs = tuple(initargs)
         self.memory_mb = memory_mb
         self.start_timeout_s = float(start_timeout_s)
+        self._workers = workers
         self._ctx = multiprocessing.get_context(start_method)
-        self._task_ids = itertools.count(1)
-        self._closed = False
-        self._workers: list[Worker] = []
         self._lock = threading.Lock()  # one batch at a time: callers in several threads (verl's reward loop) queue
-        _OPEN_POOLS.add(self)
+        self._pool: ProcessPool | None = None
+        self._closed = False
         try:
-            self._workers = [self._new_worker() for _ in range(workers)]
-            while not all(w.ready for w in self._workers):
-                self._wait(None, None)
+            self._start()
         except BaseException:
-            self.close(wait=False)
+            self.close()
             raise
 
     @property
     def workers(self) -> int:
-        return len(self._workers)
+        return self._workers
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def __enter__(self) -> RewardPool:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(wait=exc_type is None)
+        self.close()
 
     def close(self, wait: bool = True) -> None:
-        """Stop the workers and reap them. ``wait=False`` kills them instead of asking them to exit."""
+        """Stop the workers and reap them. ``wait`` is kept for callers of the earlier pool: pebble's ``stop``
+        ends idle and busy workers alike (SIGTERM, SIGKILL after 3 s), and there is nothing left to wait for."""
         if self._closed:
             return
         self._closed = True
-        _OPEN_POOLS.discard(self)
-        if wait:
-            for w in self._workers:
-                if w.ready and w.task is None:
-                    w.request_stop()
-            deadline = time.monotonic() + _STOP_GRACE_S
-            for w in self._workers:
-                w.process.join(max(0.0, deadline - time.monotonic()))
-        for w in self._workers:
-            w.kill()  # whatever did not exit by itself; reaps every process
+        self._stop_pool()
 
     def __del__(self):
         if not getattr(self, "_closed", True):
             try:
-                self.close(wait=False)
+                self.close()
             except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to report to
                 pass
 
-    def _new_worker(self) -> Worker:
-        return Worker(self._ctx, self._payload, self.memory_mb)
+    def _stop_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()
+            pool.join()
 
-    def _replace(self, w: Worker) -> None:
-        w.kill()
-        if not self._closed:
-            self._workers[self._workers.index(w)] = self._new_worker()
+    def _start(self) -> None:
+        """(Re)build pebble's pool, after the start probe."""
+        if self._closed:
+            raise RuntimeError("RewardPool is closed")
+        self._stop_pool()
+        self._probe_start()
+        self._pool = ProcessPool(max_workers=self._workers, max_tasks=self.max_tasks, initializer=_init_worker,
+                                 initargs=(self.score_fn, self.initializer, self.initargs, self.memory_mb),
+                                 context=self._ctx)
+        if not self._pool.active:  # `active` starts the workers now rather than at the first task
+            raise RuntimeError("pebble's ProcessPool did not start")
+
+    def _probe_start(self) -> None:
+        """Load the judge in one fresh process (this pool's start method); raise ``WorkerStartError`` if it fails."""
+        reader, writer = self._ctx.Pipe(duplex=False)
+        # Not a daemon, so that an initializer may start processes of its own, as it may in a worker.
+        process = self._ctx.Process(target=_probe, args=(writer, self._payload, self.memory_mb),
+                                    name="klear-reward-probe", daemon=False)
+        process.start()
+        writer.close()  # only the probe's end stays open, so its death reads as EOF here
+        what = f"score_fn {_name(self.score_fn)} could not start in a worker process (start_method " \
+               f"{self.start_method!r})"
+        try:
+            if not connection.wait([reader, process.sentinel], self.start_timeout_s):
+                raise WorkerStartError(f"{what}: the probe process was not ready after {self.start_timeout_s:g} s")
+            try:
+                error = reader.recv()
+            except EOFError:
+                process.join()
+                raise WorkerStartError(
+                    f"{what}: the process ended ({exit_description(process.exitcode)}) before it could load the "
+                    f"judge: it died starting Python or running the main module's top level again; its traceback, "
+                    f"if any, is on stderr") from None
+            if error is not None:
+                raise WorkerStartError(f"{what}; the worker's error:\n{error}")
+        finally:
+            if process.is_alive():
+                process.kill()
+            process.join()
+            reader.close()
 
     # -- scoring ---------------------------------------------------------------------------------------------
     def score_batch(self, items: Sequence[Mapping]) -> list[RewardResult]:
         """``score_fn(**item)`` for each item, in the workers; results in input order.
 
-        Raises only ``WorkerStartError`` (a replacement worker could not start: the pool is closed) or what
-        interrupts the caller (KeyboardInterrupt: the workers busy with this batch are replaced)."""
+        Raises only ``WorkerStartError`` (the judge no longer starts in a fresh process: the pool is closed) or
+        what interrupts the caller (KeyboardInterrupt: this batch's tasks are cancelled, their workers killed)."""
         with self._lock:
-            return self._score_batch(items)
-
-    def _score_batch(self, items: Sequence[Mapping]) -> list[RewardResult]:
-        if self._closed:
-            raise RuntimeError("RewardPool is closed")
-        items = [dict(it) for it in items]
-        results: list[RewardResult | None] = [None] * len(items)
-        queue = collections.deque(_groups(items, self.group_key, self.max_group))
-        try:
-            while queue or any(w.task for w in self._workers):
-                self._dispatch(queue, items, results)
-                self._wait(results, queue)
-        except WorkerStartError:
-            self.close(wait=False)
-            raise
-        except BaseException:
-            for w in list(self._workers):
-                if w.task is not None:  # still on this batch: its results would be stale in the next one
-                    self._replace(w)
-            raise
-        return results  # type: ignore[return-value]
+            if self._closed:
+                raise RuntimeError("RewardPool is closed")
+            try:
+                return self._score_batch([dict(it) for it in items])
+            except WorkerStartError:
+                self.close()
+                raise
 
     def score(self, **item) -> RewardResult:
         """One item through the pool (convenience for notebooks)."""
         return self.score_batch([item])[0]
 
-    def _dispatch(self, queue: collections.deque, items: list[dict], results: list) -> None:
-        """Send queued groups to idle workers."""
-        for w in self._workers:
-            if not queue:
-                return
-            if not w.ready or w.task is not None:
+    def batch_deadline_s(self, n: int) -> float:
+        """How long a batch of ``n`` items may take at most (module doc: lost tasks)."""
+        return self.start_timeout_s + 2 * self.timeout_s * math.ceil(n / self._workers)
+
+    def _score_batch(self, items: list[dict]) -> list[RewardResult]:
+        if not items:
+            return []
+        if self._pool is None or not self._pool.active:  # broken (or wedged) at the end of the last batch
+            self._start()
+        batch = _Batch(self, items)
+        try:
+            batch.run(_groups(items, self.group_key, self.max_group), self.batch_deadline_s(len(items)))
+        except BaseException:
+            batch.cancel()  # a stale result must not reach the next batch; pebble kills the busy workers
+            raise
+        finally:
+            batch.progress.close()
+        return batch.results  # type: ignore[return-value]
+
+
+class _Batch:
+    """One ``score_batch`` call: its tasks on pebble's pool, and what the layer does where pebble stays silent."""
+
+    def __init__(self, owner: RewardPool, items: list[dict]):
+        self.owner, self.items = owner, items
+        self.results: list[RewardResult | None] = [None] * len(items)
+        self.progress = _Progress()
+        self.tasks: dict[int, _Task] = {}  # seq -> task pebble has and the layer waits for, in seq order
+        self.finished: collections.deque[_Task] = collections.deque()  # appended by pebble's threads
+        self.wake = threading.Event()
+        self.seq = itertools.count()
+        self.last_started = -1  # the highest seq of a task a worker is known to have taken
+        self.rebuild = False
+
+    def fail(self, i: int, reason: str, detail: str) -> None:
+        self.results[i] = RewardResult(self.owner.failure_score, reason, detail=detail)
+
+    def submit(self, indices: list[int]) -> None:
+        o = self.owner
+        # A group's items are timed one by one by `watch`; pebble's limit on the whole task is the backstop.
+        future = o._pool.schedule(_grade_task, timeout=o.timeout_s * len(indices), args=(
+            o.score_fn, [self.items[i] for i in indices], indices, o.failure_score, self.progress.path))
+        task = _Task(indices, next(self.seq), future)
+        self.tasks[task.seq] = task
+
+        def finished(_, task=task):
+            self.finished.append(task)
+            self.wake.set()
+        future.add_done_callback(finished)
+
+    def run(self, queue: list[list[int]], deadline_s: float) -> None:
+        queue = collections.deque(queue)
+        deadline = time.monotonic() + deadline_s
+        watched = 0.0
+        while queue or self.tasks:
+            try:
+                while queue:
+                    self.submit(queue[0])
+                    queue.popleft()
+            except RuntimeError:  # pebble's pool is broken and refuses tasks ("Unexpected error within the Pool")
+                self.rebuild = True
+            if self.rebuild:
+                self.restart(queue)
                 continue
-            group = queue.popleft()
-            try:
-                w.send(next(self._task_ids), group, [items[i] for i in group], self.failure_score)
-            except OSError:  # the worker is gone: its sentinel will say so; the group waits for another
-                queue.appendleft(group)
-            except Exception as e:  # noqa: BLE001 - an item that does not pickle (nothing was written)
-                if len(group) > 1:
-                    queue.extendleft([i] for i in reversed(group))
-                else:
-                    results[group[0]] = RewardResult(self.failure_score, "error",
-                                                     detail=f"item could not be sent: {type(e).__name__}: {e}")
-
-    def _wait(self, results: list | None, queue: collections.deque | None) -> None:
-        """Wait for the next message, worker exit or deadline, and handle what happened."""
-        now = time.monotonic()
-        deadlines = [w.since + self.timeout_s for w in self._workers if w.task is not None]
-        deadlines += [w.started + self.start_timeout_s for w in self._workers if not w.ready]
-        timeout = max(0.0, min(deadlines) - now) if deadlines else None
-        by_handle = {}
-        for w in self._workers:
-            by_handle[w.conn] = by_handle[w.sentinel] = w
-        for handle in connection.wait(list(by_handle), timeout):
-            w = by_handle[handle]
-            if w in self._workers:  # not replaced while handling an earlier handle of this round
-                self._receive(w, results)
-            if w in self._workers and not w.process.is_alive():
-                self._on_exit(w, results, queue)
-        now = time.monotonic()
-        for w in list(self._workers):
-            if not w.ready and now - w.started > self.start_timeout_s:
-                raise WorkerStartError(f"a worker process for {_name(self.score_fn)} was not ready after "
-                                       f"{self.start_timeout_s:g} s (start_method {self.start_method!r})")
-            if w.task is not None and now - w.since > self.timeout_s:
-                self._receive(w, results)  # a result that arrived just now beats the deadline
-                if w.task is not None and time.monotonic() - w.since > self.timeout_s:
-                    self._fail_current(w, results, queue, "timeout", f"item ran past {self.timeout_s:g} s")
-
-    def _receive(self, w: Worker, results: list | None) -> None:
-        """Read every message waiting on ``w``'s pipe."""
-        while True:
-            try:
-                if not w.conn.poll():
-                    return
-                message = w.conn.recv()
-            except (EOFError, OSError):  # the worker is gone; _on_exit accounts for it
-                w.process.join(timeout=1.0)
+            self.wake.wait(_TICK_S)
+            self.wake.clear()
+            while self.finished:
+                self.collect(self.finished.popleft(), queue)
+            now = time.monotonic()
+            if now - watched >= _TICK_S:
+                watched = now
+                self.watch(queue, now)
+            if now > deadline and (queue or self.tasks):
+                self.expire(deadline_s)
                 return
-            kind = message[0]
-            if kind == READY:
-                w.ready = True
-            elif kind == START_ERROR:
-                raise WorkerStartError(f"score_fn {_name(self.score_fn)} could not start in a worker process "
-                                       f"(start_method {self.start_method!r}); the worker's error:\n{message[1]}")
-            elif kind == RESULT:
-                _, task_id, k, result = message
-                if w.task is None or task_id != w.task[0] or k != w.done:
-                    continue  # stale: a task this pool no longer waits for
-                results[w.current()] = result
-                w.done += 1
-                w.since = time.monotonic()
-                if w.done == len(w.task[1]):
-                    w.task = None
-                    w.n_tasks += 1
-                    if self.max_tasks and w.n_tasks >= self.max_tasks:
-                        w.stop(timeout_s=_STOP_GRACE_S)
-                        self._replace(w)
-                        return
 
-    def _on_exit(self, w: Worker, results: list | None, queue) -> None:
-        w.process.join()
-        how = exit_description(w.process.exitcode)
-        if not w.ready:
-            raise WorkerStartError(
-                f"a worker process for {_name(self.score_fn)} ended ({how}) before it could load the judge: it died "
-                f"starting Python or running the main module's top level again (start_method "
-                f"{self.start_method!r}); its traceback, if any, is on stderr")
-        if w.task is None:
-            self._replace(w)
+    def current(self, task: _Task) -> tuple[int, int, float] | None:
+        """(batch index, worker pid, start) of the item the task's worker is on, from the progress file."""
+        while task.done < len(task.indices):
+            pid, start, end = self.progress.read(task.indices[task.done])
+            if end > 0:
+                task.done += 1
+                continue
+            return (task.indices[task.done], pid, start) if start > 0 else None
+        return None
+
+    def settle(self, task: _Task, queue, reason: str, detail: str) -> None:
+        """The item ``task``'s worker was on gets ``reason``; its other items are graded again, one per task."""
+        on = self.current(task)
+        k = on[0] if on else task.indices[0] if len(task.indices) == 1 else None
+        if k is not None:
+            self.fail(k, reason, detail)
+        queue.extend([i] for i in task.indices if i != k)
+
+    def collect(self, task: _Task, queue) -> None:
+        """A task pebble has finished."""
+        if self.tasks.pop(task.seq, None) is None or task.future.cancelled():
+            return  # settled by the layer already
+        error = task.future.exception()
+        if isinstance(error, BrokenProcessPool):  # pebble failed every task: grade them again on a new pool
+            queue.append(task.indices)
+            self.rebuild = True
+            return
+        if error is None or isinstance(error, (FutureTimeout, ProcessExpired)):
+            self.last_started = max(self.last_started, task.seq)  # these went through a worker
+        if error is None:
+            for i, result in zip(task.indices, task.future.result()):
+                self.results[i] = result
+        elif isinstance(error, FutureTimeout):
+            self.settle(task, queue, "timeout", f"item ran past {self.owner.timeout_s:g} s")
+        elif isinstance(error, ProcessExpired):
+            self.settle(task, queue, "worker_died",
+                        f"the worker process ended while grading ({exit_description(error.exitcode)})")
+        elif len(task.indices) > 1:  # an item or a result that does not pickle: find which, one by one
+            queue.extend([i] for i in task.indices)
         else:
-            self._fail_current(w, results, queue, "worker_died", f"the worker process ended while grading ({how})")
+            self.fail(task.indices[0], "error", _short(f"item or result could not be sent: "
+                                                       f"{type(error).__name__}: {error}"))
 
-    def _fail_current(self, w: Worker, results: list, queue, reason: str, detail: str) -> None:
-        """The item ``w`` is on gets ``reason``; the rest of its task goes back to the front of the queue."""
-        results[w.current()] = RewardResult(self.failure_score, reason, detail=detail)
-        rest = w.remaining_after_current()
-        if rest:
-            queue.appendleft(rest)
-        w.task = None
-        self._replace(w)
+    def watch(self, queue, now: float) -> None:
+        """Per-item limits inside groups, exits pebble does not report, tasks pebble lost (module doc)."""
+        pending = [t for t in self.tasks.values() if not t.future.done()]
+        running = [t for t in pending if t.future.running()]
+        if running:
+            self.last_started = max(self.last_started, running[-1].seq)
+        for task in pending:
+            if not task.future.running():
+                if task.seq < self.last_started and task.future.cancel():
+                    del self.tasks[task.seq]
+                    if len(task.indices) > 1:
+                        queue.extend([i] for i in task.indices)
+                    else:
+                        self.fail(task.indices[0], "worker_died", "pebble lost the task: the worker that took it "
+                                  "ended before starting it")
+                continue
+            on = self.current(task)
+            if on is None:
+                continue
+            _, pid, start = on
+            if len(task.indices) > 1 and now - start > self.owner.timeout_s:
+                reason, detail = "timeout", f"item ran past {self.owner.timeout_s:g} s"
+            elif not _alive(pid):
+                task.gone_since = task.gone_since or now
+                if now - task.gone_since < _EXIT_GRACE_S:
+                    continue
+                reason, detail = "worker_died", "the worker process ended while grading (exit status 0)"
+            else:
+                continue
+            if task.future.cancel():  # pebble kills the worker, if it still lives
+                del self.tasks[task.seq]
+                self.settle(task, queue, reason, detail)
+
+    def restart(self, queue) -> None:
+        """Grade every unfinished task again on a new pebble pool (after the start probe)."""
+        for task in self.cancel():
+            queue.append(task.indices)
+        self.rebuild = False
+        self.owner._start()
+
+    def cancel(self) -> list[_Task]:
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.future.cancel()
+        self.tasks.clear()
+        return tasks
+
+    def expire(self, deadline_s: float) -> None:
+        """The batch deadline: every item still without a result is ``timeout``; pebble's pool is rebuilt at the
+        next batch (it may be wedged: a worker that died holding its channel lock)."""
+        self.cancel()
+        for i, result in enumerate(self.results):
+            if result is None:
+                self.fail(i, "timeout", f"no result by the batch deadline ({deadline_s:g} s): pebble lost the "
+                          f"task or stalled")
+        self.owner._stop_pool()
 
 
 class MemoPool:
@@ -355,9 +651,11 @@ class MemoPool:
 
     @staticmethod
     def key(item: Mapping) -> str:
+        """The item as canonical JSON (keys sorted); integers past Python's decimal-conversion limit (4,300 digits,
+        where ``json.dumps`` raises) are written in hexadecimal, which has no such limit."""
         import json
 
-        return json.dumps(item, sort_keys=True, default=str)
+        return json.dumps(_hex_big_ints(item), sort_keys=True, default=str)
 
     def score_batch(self, items: Sequence[Mapping]) -> list[RewardResult]:
         keys = [self.key(it) for it in items]
@@ -449,3 +747,13 @@ def make_trl_reward_func(pool: RewardPool, fields: Mapping[str, str], name: str,
     reward_func.reason_counts = collections.Counter()
     reward_func.last_results = []
     return reward_func
+
+
+def _hex_big_ints(obj):
+    if isinstance(obj, int) and not isinstance(obj, bool) and obj.bit_length() > 13_000:  # > ~3,900 digits
+        return {"int_hex": format(obj, "x")}
+    if isinstance(obj, Mapping):
+        return {k: _hex_big_ints(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_hex_big_ints(v) for v in obj]
+    return obj

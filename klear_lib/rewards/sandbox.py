@@ -21,10 +21,17 @@ What the program sees, default deny (see `_bwrap_argv` and `sandbox_root`):
     syscalls           a seccomp filter (`seccomp`): no namespaces, ptrace, mount, keyring, bpf, perf, modules,
                        io_uring, vsock, ...: EPERM, in root and non-root mode alike
 
-Limits, set in each test's process before the program runs: CPU seconds, address space, processes
-(RLIMIT_NPROC), file size, open files, no core dumps; the per-test wall-clock timeout is enforced by the
+Limits. Per test: `timeout_s` seconds of CPU time, counted over all the test's processes (so a busy machine
+slows a test without failing it), and a wall-clock backstop of `wall_limit_s(timeout_s)` for a test that waits;
+both enforced by the zygote. Per process, set before the program runs: address space, processes
+(RLIMIT_NPROC), file size, open files, CPU seconds (a backstop), no core dumps. Per sample: memory, all its
+processes, tmpfs and pipes together, capped at `sample_memory_mb` by a cgroup of its own where the machine
+allows one (`sandbox_cgroup`, which also gives each sample an equal share of the CPU), else polled by the
 zygote. The whole sandbox has a backstop deadline on the host, at which its pid 1 is killed, which takes every
 process in the namespace with it (double-forked, setsid'd daemons included).
+
+Fresh state. Each test finds /tmp and /dev/shm empty and as the first test found them, and no IPC object: the
+zygote resets the sandbox after each test or runs no further test in it (`sandbox_zygote`).
 
 Reaping. bwrap runs with `--as-pid-1`: our zygote is the namespace's init and bwrap waits for it directly.
 Without it, bwrap's own init reports the program's exit through an eventfd and bwrap exits at once, without
@@ -49,8 +56,8 @@ it. Running unsandboxed needs `unsafe_no_sandbox=True` or `KLEAR_UNSAFE_NO_SANDB
 from __future__ import annotations
 
 import functools
-import json
 import marshal
+import math
 import os
 import random
 import re
@@ -64,7 +71,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from klear_lib.rewards import sandbox_zygote, seccomp
+from klear_lib.rewards import sandbox_cgroup, sandbox_json, sandbox_zygote, seccomp
 from klear_lib.rewards.sandbox_exec import SANDBOX_ENV, Killer, Raw, execute
 from klear_lib.rewards.sandbox_root import interpreter_files, is_under, root_argv
 
@@ -75,7 +82,10 @@ MIN_BWRAP_VERSION = (0, 8, 0)  # --disable-userns (0.8), --size (0.7), --json-st
 SANDBOX_UID_RANGE = (1_900_000_000, 2_000_000_000)
 PROGRAM_PATH = "/tmp/main.py"
 STARTUP_BUDGET_S = 10.0  # host backstop: starting the sandbox and the zygote (tens of ms on an idle machine)
-PER_TEST_SLACK_S = 2.0  # host backstop per test beyond its timeout: kill, sweep, drain, frame
+PER_TEST_SLACK_S = 4.0  # host backstop per test beyond its wall limit and reset budget: kill, reap, drain, frame
+WALL_FACTOR, WALL_EXTRA_S = 3.0, 1.0  # a test's wall-clock backstop: 3 x its CPU-time limit + 1 s
+RESET_EXTRA_S = 2.0  # emptying /tmp and /dev/shm after a test may take the test's timeout + 2 s
+ZYGOTE_MB = 128  # the warm interpreter, bwrap and their buffers, in a sample's memory cap
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -104,9 +114,12 @@ class FunctionCall:
 @dataclass(frozen=True)
 class SandboxResult:
     """What one test did. `returncode` is the exit status; death by signal N reads 128 + N, with N in
-    `killed_by_signal` (a test killed on timeout or output overflow reads 137 and 9). `duration_s`: from the
-    test's fork to its exit. For a `FunctionCall`, `returned` says whether the call returned; `value` is its
-    return value after a JSON round trip, or its repr (at most 300 characters) where `value_is_json` is False."""
+    `killed_by_signal` (a test killed on timeout, output overflow or memory reads 137 and 9). `duration_s`: wall
+    time from the test's fork to its exit; `cpu_s`: CPU time of all its processes. `timed_out`: past its CPU
+    time limit or its wall-clock backstop. `memory_exceeded`: the sample's memory cap was reached during it.
+    For a `FunctionCall`, `returned` says whether the call returned a result; `value` is its return value after
+    a JSON round trip (ints of more than 4,000 digits as `sandbox_json.LongInt`), or, where `value_is_json` is
+    False, text: its repr (at most 300 characters), or why the result could not be decoded."""
 
     returncode: int
     stdout: str
@@ -121,6 +134,8 @@ class SandboxResult:
     returned: bool = False
     value: object = None
     value_is_json: bool = True
+    cpu_s: float = 0.0
+    memory_exceeded: bool = False
 
     @property
     def ok(self) -> bool:
@@ -129,8 +144,8 @@ class SandboxResult:
 
 
 def run_python(code: str, *, stdin: str = "", timeout_s: float = 10.0, **options) -> SandboxResult:
-    """Run `code` as a Python program (stdlib only: `-I -S`) with `stdin`, sandboxed, within `timeout_s` wall
-    seconds: `run_python_tests` with one test. `options` are those of `run_python_tests`."""
+    """Run `code` as a Python program (stdlib only: `-I -S`) with `stdin`, sandboxed, within `timeout_s` seconds
+    of CPU time: `run_python_tests` with one test. `options` are those of `run_python_tests`."""
     return run_python_tests(code, [stdin], timeout_s=timeout_s, **options)[0]
 
 
@@ -148,27 +163,39 @@ def run_python_tests(
     python: str | None = None,
     hide_paths: tuple[str, ...] = (),
     unsafe_no_sandbox: bool = False,
+    wall_timeout_s: float | None = None,
+    sample_memory_mb: int | None = None,
 ) -> list[SandboxResult]:
     """Run `program` once per test in one sandbox, each test in a fresh process; one result per test, in order.
 
-    A test is a stdin string (the program runs as __main__ with it) or a `FunctionCall`. timeout_s: wall-clock
-    limit of each test. memory_mb: address-space limit (RLIMIT_AS) of each process. max_processes: RLIMIT_NPROC
-    (threads count too). max_file_mb: largest file the program may write (RLIMIT_FSIZE). tmpfs_mb: size of each
-    of the two writable tmpfs (/tmp and /dev/shm), emptied between tests. max_output_bytes: cap on each test's
-    stdout and on its stderr. python: the interpreter, default the real binary behind `sys.executable` (a venv's
-    site-packages are not used). hide_paths: host directories to hide should they lie inside what the sandbox
-    shows (the interpreter's directories); nothing else of the host is visible anyway. Raises
-    `SandboxUnavailableError` if bwrap is missing or cannot run here, unless `unsafe_no_sandbox` (or
+    A test is a stdin string (the program runs as __main__ with it) or a `FunctionCall`. timeout_s: CPU time
+    limit of each test (all its processes). wall_timeout_s: wall-clock backstop of each test (default
+    `wall_limit_s(timeout_s)`). memory_mb: address-space limit (RLIMIT_AS) of each process. sample_memory_mb: cap
+    on the memory of the whole sample (default `sample_memory_default_mb`: one process's memory_mb, both tmpfs,
+    the output buffers and the zygote). max_processes: RLIMIT_NPROC (threads count too). max_file_mb: largest
+    file the program may write (RLIMIT_FSIZE). tmpfs_mb: size of each of the two writable tmpfs (/tmp and
+    /dev/shm, /tmp with room for the test's stdin besides), emptied between tests. max_output_bytes: cap on each
+    test's stdout, on its stderr and on its result. python: the interpreter, default the real binary behind
+    `sys.executable` (a venv's site-packages are not used). hide_paths: host directories to hide should they lie
+    inside what the sandbox shows (the interpreter's directories); nothing else of the host is visible anyway.
+    Raises `SandboxUnavailableError` if bwrap is missing or cannot run here, unless `unsafe_no_sandbox` (or
     $KLEAR_UNSAFE_NO_SANDBOX=1).
     """
     specs = [_test_spec(t) for t in tests]
     if not specs:
         return []
     python = os.path.realpath(python or sys.executable)
-    cpu_s = int(timeout_s) + 1  # a backstop only: the wall-clock kill is the real limit
-    job = {"program": program, "tests": specs, "timeout_s": timeout_s, "cap": max_output_bytes,
-           "limits": [cpu_s, memory_mb << 20, max_processes, max_file_mb << 20, max_open_files], "preimport": True}
-    budget = STARTUP_BUDGET_S + len(specs) * (timeout_s + PER_TEST_SLACK_S)
+    wall_s = wall_limit_s(timeout_s) if wall_timeout_s is None else wall_timeout_s
+    reset_s = timeout_s + RESET_EXTRA_S
+    sample_mb = sample_memory_default_mb(memory_mb, tmpfs_mb, max_output_bytes) if sample_memory_mb is None \
+        else sample_memory_mb
+    stdin_room = max((len(t["stdin"].encode()) for t in specs if "stdin" in t), default=0)
+    stdin_room = -(-stdin_room // 4096) * 4096 + 4096
+    job = {"program": program, "tests": specs, "timeout_s": timeout_s, "wall_s": wall_s, "reset_s": reset_s,
+           "cap": max_output_bytes, "preimport": True, "cpu_fd": -1, "cpu_v": 0, "oom_fd": -1,
+           "mem_cap": sample_mb << 20,
+           "limits": [math.ceil(timeout_s) + 1, memory_mb << 20, max_processes, max_file_mb << 20, max_open_files]}
+    budget = sample_budget_s(len(specs), timeout_s, wall_timeout_s=wall_s)
     unsafe = unsafe_no_sandbox or os.environ.get(UNSAFE_ENV_VAR, "") not in ("", "0")
     if unsafe:
         global _unsafe_runs
@@ -180,24 +207,40 @@ def run_python_tests(
 
     bwrap = _bwrap_path()
     root = os.geteuid() == 0
-    job.update(sandboxed=True, path=PROGRAM_PATH, clean=["/tmp", "/dev/shm"],
+    job.update(sandboxed=True, path=PROGRAM_PATH, clean=["/tmp", "/dev/shm"], stdin_dir="/tmp",
                uid=random.SystemRandom().randrange(*SANDBOX_UID_RANGE) if root else -1)
+    try:
+        cgroup = sandbox_cgroup.open_sample(job["mem_cap"])
+    except sandbox_cgroup.CgroupError as e:
+        raise SandboxUnavailableError(f"{e}; to run without per-sample cgroups (a weaker memory bound), set "
+                                      f"{sandbox_cgroup.ENV_VAR}=off") from e
+    if cgroup is not None:  # the kernel caps the sample's memory; the zygote reads its counters
+        job.update(cpu_fd=cgroup.cpu_fd, cpu_v=cgroup.cpu_version, oom_fd=cgroup.oom_fd, mem_cap=0)
     job_fd = _memfd("klear-job", _zygote_input(python, job))  # the zygote's stdin
     code_fd = _memfd("klear-main-py", program.encode())  # bwrap copies it to /tmp/main.py (--file)
     filter_fd = _memfd("klear-seccomp", _seccomp_filter())  # bwrap reads it (--seccomp)
     status_r, status_w = os.pipe()  # bwrap's --json-status-fd: the zygote's pid, and whether the sandbox started
     try:
-        argv = _bwrap_argv(bwrap, python, code_fd, filter_fd, status_w, tmpfs_mb << 20, hide_paths)
+        argv = _bwrap_argv(bwrap, python, code_fd, filter_fd, status_w, tmpfs_mb << 20, hide_paths, stdin_room)
         argv += [python, "-I", "-S", "-c", sandbox_zygote.BOOTSTRAP]
+        fds = (code_fd, filter_fd, status_w)
+        if cgroup is not None:
+            argv, fds = cgroup.wrap(argv), fds + cgroup.fds
         killer = Killer(status_r)
-        raw = execute(argv, job_fd, budget, _stream_cap(job), killer, pass_fds=(code_fd, filter_fd, status_w))
+        raw = execute(argv, job_fd, budget, _stream_cap(job), killer, pass_fds=fds)
         started = killer.init_pid is not None
     finally:
         for fd in (job_fd, code_fd, filter_fd, status_r, status_w):
             os.close(fd)
+        if cgroup is not None:
+            cgroup.close()
     frames = sandbox_zygote.decode_frames(raw.stdout)
     if not frames and not raw.timed_out:
         stderr = raw.stderr.decode(errors="replace").strip()
+        if not started and cgroup is not None and raw.returncode == sandbox_cgroup.WRAPPER_FAILED:
+            raise SandboxUnavailableError(
+                f"could not place the sandbox in its cgroup ({stderr[-500:]}); to run without per-sample cgroups "
+                f"(a weaker memory bound), set {sandbox_cgroup.ENV_VAR}=off")
         if not started:
             raise SandboxUnavailableError(
                 "bubblewrap could not start the sandbox. If the error below is about namespaces, this machine does "
@@ -218,7 +261,29 @@ def sandbox_status() -> dict:
     except SandboxUnavailableError as e:
         return {"available": False, "error": str(e)}
     return {"available": r.ok, "bwrap": _bwrap_path(), "uid_inside": r.stdout.strip(), "as_root": os.geteuid() == 0,
-            "call_s": round(time.monotonic() - t0, 4)}
+            "call_s": round(time.monotonic() - t0, 4), "cgroup": sandbox_cgroup.status()}
+
+
+def sample_budget_s(n_tests: int, timeout_s: float, *, wall_timeout_s: float | None = None) -> float:
+    """The host's deadline for one sample of `n_tests` tests at a CPU-time limit of `timeout_s` each: the
+    sandbox's start, then per test its wall-clock backstop, the reset budget and the slack. A caller's own limit
+    per sample (a reward pool's per-item timeout) must be at least this, so that a slow program is judged (a
+    wrong answer) before the caller gives up on it (a replaced worker)."""
+    wall_s = wall_limit_s(timeout_s) if wall_timeout_s is None else wall_timeout_s
+    return STARTUP_BUDGET_S + n_tests * (wall_s + timeout_s + RESET_EXTRA_S + PER_TEST_SLACK_S)
+
+
+def wall_limit_s(timeout_s: float) -> float:
+    """A test's default wall-clock backstop for a CPU-time limit of `timeout_s`: `WALL_FACTOR` x + `WALL_EXTRA_S`.
+    Only a test that waits (sleeps, blocks) meets it; one that computes meets its CPU-time limit first unless the
+    machine gives it less than a third of a core."""
+    return WALL_FACTOR * timeout_s + WALL_EXTRA_S
+
+
+def sample_memory_default_mb(memory_mb: int, tmpfs_mb: int, max_output_bytes: int) -> int:
+    """The default memory cap of a sample, MiB: one process at its RLIMIT_AS, both tmpfs full, the zygote's three
+    output buffers, and the zygote itself. An honest one-process program meets its own RLIMIT_AS first."""
+    return memory_mb + 2 * tmpfs_mb + 3 * -(-max_output_bytes >> 20) + ZYGOTE_MB
 
 
 def _test_spec(test) -> dict:
@@ -275,7 +340,7 @@ def _bwrap_path() -> str:
 
 
 def _bwrap_argv(bwrap: str, python: str, code_fd: int, filter_fd: int, status_fd: int, tmpfs_bytes: int,
-                hide_paths: tuple[str, ...] = ()) -> list[str]:
+                hide_paths: tuple[str, ...] = (), stdin_room: int = 0) -> list[str]:
     """The bwrap command line up to `--`; each group says why it is there."""
     argv = [bwrap]
     # Namespaces: own PIDs (killing pid 1 ends everything), no network, own IPC/UTS/cgroup view. As non-root a
@@ -294,7 +359,7 @@ def _bwrap_argv(bwrap: str, python: str, code_fd: int, filter_fd: int, status_fd
     argv += _hide_argv(python, hide_paths)
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
-    argv += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp"]
+    argv += ["--perms", "1777", "--size", str(tmpfs_bytes + stdin_room), "--tmpfs", "/tmp"]  # stdin lives there too
     argv += ["--perms", "0444", "--file", str(code_fd), PROGRAM_PATH, "--remount-ro", "/", "--chdir", "/tmp"]
     argv += ["--clearenv", *[a for k, v in SANDBOX_ENV.items() for a in ("--setenv", k, v)], "--"]
     return argv
@@ -330,7 +395,7 @@ def _run_unsandboxed(job: dict, python: str, budget: float) -> list[SandboxResul
     with tempfile.TemporaryDirectory(prefix="klear-unsafe-") as cwd:
         path = os.path.join(cwd, "main.py")
         Path(path).write_text(job["program"])
-        job = dict(job, sandboxed=False, path=path, clean=[], uid=-1)
+        job = dict(job, sandboxed=False, path=path, clean=[], uid=-1, stdin_dir=cwd)
         job_fd = _memfd("klear-job", _zygote_input(python, job))
         try:
             argv = [python, "-I", "-S", "-c", sandbox_zygote.BOOTSTRAP]
@@ -346,7 +411,8 @@ def _run_unsandboxed(job: dict, python: str, budget: float) -> list[SandboxResul
 
 def _results(frames: list[dict], n: int, raw: Raw, *, sandboxed: bool) -> list[SandboxResult]:
     """One SandboxResult per test; a test without a frame (the sandbox ended first) timed out if the host's
-    deadline ended it, else carries the sandbox's exit status and stderr."""
+    deadline ended it, else carries the sandbox's exit status and stderr. A result record is decoded as hostile
+    input (`sandbox_json.decode_result`: never raises)."""
     by_index = {f["i"]: f for f in frames}
     results = []
     for i in range(n):
@@ -360,15 +426,14 @@ def _results(frames: list[dict], n: int, raw: Raw, *, sandboxed: bool) -> list[S
         status = f["status"]
         signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         returned, value, is_json = False, None, True
-        if f["result"].startswith(b"json "):
-            returned, value = True, json.loads(f["result"][5:])
-        elif f["result"].startswith(b"repr "):
-            returned, value, is_json = True, f["result"][5:].decode(errors="replace"), False
+        if f["result"] or f["result_overflow"]:
+            decoded = sandbox_json.decode_result(f["result"], overflow=f["result_overflow"])
+            returned, value, is_json = True, decoded.value, decoded.is_json
         results.append(SandboxResult(
             returncode=128 + signum if signum else os.WEXITSTATUS(status),
             stdout=f["out"].decode(errors="replace"), stderr=f["err"].decode(errors="replace"),
             timed_out=f["timed_out"], duration_s=f["duration_s"], killed_by_signal=signum,
             stdout_truncated=f["out_truncated"], stderr_truncated=f["err_truncated"],
             output_limit_exceeded=f["overflow"], sandboxed=sandboxed, returned=returned, value=value,
-            value_is_json=is_json))
+            value_is_json=is_json, cpu_s=f["cpu_s"], memory_exceeded=f["memory_exceeded"]))
     return results

@@ -6,21 +6,47 @@ the sandbox). `BOOTSTRAP` reads from stdin a marshal of (this module's code or s
 compiles the program once, imports the standard-library modules the program names, and then for each test:
 
     fork ─ child: stdin/stdout/stderr of its own, rlimits, drop to the sandbox uid, run the program as __main__
-         │        (or as module `solution`, then call one function), and exit as the interpreter would
-         └ here:  collect the child's output (capped); kill it at the per-test timeout or the output cap; reap
-                  it; kill whatever it left behind and empty /tmp; send the test's frame to the host
+         │        (or as module `solution`, then call one function)
+         └ here:  collect the child's output (capped); kill it at its CPU-time limit, its wall-clock backstop,
+                  the output cap or (without a cgroup) the sample's memory cap; reap it; then reset the sandbox
+                  for the next test (`_reset`) and send the test's frame to the host
 
-So a test that mutates globals, kills its process, hangs, leaves daemons or fills /tmp costs only itself. A
-frame is a header line of ten numbers followed by the raw stdout, stderr and result bytes it announces.
+A frame is a header line of thirteen numbers followed by the raw stdout, stderr and result bytes it announces.
+
+Time. A test's limit is CPU time: that of all its processes, from the sample's cgroup when the host gave one
+(exact, processes that already exited included), else summed from /proc every `POLL_S` (live processes, and
+those reaped by their parents or by this process). A wall-clock backstop (`wall_s`, a few times the limit)
+ends a test that waits instead of computing. So a busy neighbour on the machine slows a test down without
+failing it.
+
+Memory. With a cgroup the kernel caps the whole sample (every process, tmpfs and pipes included) and this
+process only reads the cgroup's OOM count to say which test ran into it. Without one, it sums every process's
+resident memory and the two tmpfs' usage every `POLL_S` and kills the test past `mem_cap` (so a sample holds
+about `mem_cap` plus what can be allocated in one poll interval). Each test's processes have the highest OOM
+score, so that the kernel, should it have to choose, takes them before this process.
+
+Fresh state (`_reset`, after every test but the last, when nothing can follow). Everything the test left
+running is killed; /tmp and /dev/shm are emptied by a walk that holds directory descriptors (no recursion, no
+path length limit, permissions a test took away given back) and bounded in time; the two directories and
+/tmp/main.py are checked to be as they were (mode, extended attributes, main.py untouched) and their
+timestamps are set back; and no SysV IPC object may exist (the seccomp filter refuses to create them and POSIX
+message queues; this checks). If any of that fails, no further test runs: each reports that the sandbox could
+not be reset. What a test can still pass to the next is timing: its own duration and the pid counter (a few
+bits per test, through channels every process has).
 
 Pid 1 of a namespace gets no signal from inside it that it has no handler for, so a test cannot kill this
 process; as root the tests run under another uid, and otherwise this process makes itself non-dumpable, so
-that a test cannot reach its memory or its descriptors (the frame pipe) through /proc either. What a test can
-always do is lie about its own result: a function-call test's result is written by code in the test's own
-process, behind a per-test nonce that the program could find in its memory.
+that a test cannot reach its memory or its descriptors (the frame pipe) through /proc either.
+
+Results. A function-call test's return value leaves the test's process as one record on a pipe of its own
+(`RESULT_FD`): ``json <text>`` or ``repr <text>``, one line. The program runs in that process and can write
+there too; what it gains is nothing it could not return: the record is its own test's value only, the host
+decodes it as hostile input (`sandbox_json`), and an extra write makes the record malformed (a wrong answer).
+Ints print and serialize without Python's 4,300-digit limit inside the sandbox (as in Python before 3.11);
+the test's CPU time pays for it.
 
 Without a sandbox (the explicit opt-out) this runs as an ordinary process: each test gets its own session and
-its process group is killed, which a setsid() escapes.
+its process group is killed, which a setsid() escapes; only the test's main process is metered.
 
 Start-up is paid once per sample and this module is on that path: it imports `posix` (built in) rather than
 `os` (~1.5 ms), no json/re (~10 ms) unless a function-call test needs json, and the host sends it compiled.
@@ -37,37 +63,44 @@ import time
 BOOTSTRAP = ("import marshal,posix\nb=b''.join(iter(lambda:posix.read(0,1<<20),b''))\nz,j=marshal.loads(b)\n"
              "g={'__name__':'klear_zygote'}\nexec(z,g)\ng['main'](j)\nposix._exit(0)\n")
 FILENAME = "<klear-zygote>"  # this module's frames, compiled under this name, are cut from the program's tracebacks
-RESULT_FD = 3  # a function-call test writes "<nonce> json <value>" (or "<nonce> repr <text>") here
+RESULT_FD = 3  # a function-call test's result record: "json <value>\n" or "repr <text>\n"
 SIGKILL = 9
+POLL_S = 0.01  # how often a running test's CPU time (and, without a cgroup, the sample's memory) is read
+REAP_S = 2.0  # how long the processes a test left may take to die once killed
 RLIMITS = (resource.RLIMIT_CPU, resource.RLIMIT_AS, resource.RLIMIT_NPROC, resource.RLIMIT_FSIZE,
            resource.RLIMIT_NOFILE, resource.RLIMIT_CORE)  # the job's "limits", then 0 for core dumps
 # Never imported ahead of the program: they print, or open windows or browsers, when imported.
 NO_PREIMPORT = frozenset({"this", "antigravity", "__hello__", "__phello__", "idlelib", "tkinter", "turtle",
                           "turtledemo", "pydoc", "webbrowser"})
 _CHUNK = 1 << 16
+_FLAGS = ("timed_out", "overflow", "out_truncated", "err_truncated", "result_overflow", "memory_exceeded")
 
 
-def encode_frame(i, status, timed_out, overflow, out_truncated, err_truncated, duration_s, out, err, result):
-    """One test's frame: a header line (index, wait status, four flags, duration, three lengths), the payloads."""
-    head = "%d %d %d %d %d %d %r %d %d %d\n" % (i, status, timed_out, overflow, out_truncated, err_truncated,
-                                                duration_s, len(out), len(err), len(result))
+def encode_frame(i, status, duration_s, cpu_s, out, err, result, **flags):
+    """One test's frame: a header line (index, wait status, the six `_FLAGS`, duration, CPU time, three lengths),
+    then the payloads."""
+    head = "%d %d %s %r %r %d %d %d\n" % (i, status, " ".join("1" if flags.get(f) else "0" for f in _FLAGS),
+                                         duration_s, cpu_s, len(out), len(err), len(result))
     return head.encode() + out + err + result
 
 
 def decode_frames(data):
-    """Every complete frame in `data`, as dicts (the inverse of `encode_frame`)."""
+    """Every complete frame in `data`, as dicts (the inverse of `encode_frame`); stops at anything malformed."""
     frames, pos = [], 0
     while True:
         nl = data.find(b"\n", pos)
         if nl < 0:
             return frames
         f = data[pos:nl].split()
-        sizes = [int(x) for x in f[7:10]]
-        start = nl + 1
-        if start + sum(sizes) > len(data):
+        try:
+            sizes = [int(x) for x in f[10:13]]
+            frame = {"i": int(f[0]), "status": int(f[1]), "duration_s": float(f[8]), "cpu_s": float(f[9])}
+        except (ValueError, IndexError):
             return frames
-        frame = {"i": int(f[0]), "status": int(f[1]), "timed_out": f[2] == b"1", "overflow": f[3] == b"1",
-                 "out_truncated": f[4] == b"1", "err_truncated": f[5] == b"1", "duration_s": float(f[6])}
+        frame.update((name, flag == b"1") for name, flag in zip(_FLAGS, f[2:8]))
+        start = nl + 1
+        if len(f) != 13 or min(sizes) < 0 or start + sum(sizes) > len(data):
+            return frames
         for key, size in zip(("out", "err", "result"), sizes):
             frame[key] = data[start:start + size]
             start += size
@@ -101,24 +134,34 @@ def main(job):
                 __import__(name)
             except BaseException:
                 pass
-    for i, test in enumerate(job["tests"]):
-        _write_all(host, _run_test(job, code, test, i))
+    meter = Meter(job)
+    state = _State(job)
+    why = state.reset_times()
+    tests = job["tests"]
+    for i, test in enumerate(tests):
+        if why:  # the sandbox is not as the first test found it: no further test runs in it
+            msg = f"not run: the sandbox could not be reset after test {i - 1}: {why}\n".encode()
+            _write_all(host, encode_frame(i, 1 << 8, 0.0, 0.0, b"", msg, b""))
+            continue
+        _write_all(host, _run_test(job, code, test, i, meter))
+        if i + 1 < len(tests):  # after the last test nothing needs resetting: the sandbox ends with it
+            why = _reset(job, state)
     posix.close(host)
 
 
-def _run_test(job, code, test, i):
-    """Fork one test, watch it, clean up after it; its frame."""
+def _run_test(job, code, test, i, meter):
+    """Fork one test, watch it, kill what it left; its frame."""
     cap = job["cap"]
-    stdin = _stdin_fd(test.get("stdin", ""))
+    stdin = _stdin_fd(test.get("stdin", ""), job["stdin_dir"])
     pipes = {"out": posix.pipe(), "err": posix.pipe()}
     if "call" in test:
         pipes["result"] = posix.pipe()
-    nonce = posix.urandom(16).hex()
+    meter.start()
     start = time.monotonic()
     pid = posix.fork()
     if pid == 0:
         try:
-            _child(job, code, test, stdin, {k: w for k, (_, w) in pipes.items()}, nonce)
+            _child(job, code, test, stdin, {k: w for k, (_, w) in pipes.items()})
         finally:
             posix._exit(70)  # the child never returns into this loop
     posix.close(stdin)
@@ -128,14 +171,23 @@ def _run_test(job, code, test, i):
         readers[r] = name
     data = {name: bytearray() for name in pipes}
     pidfd = posix.pidfd_open(pid)
-    deadline = start + job["timeout_s"]
-    timed_out = overflow = exited = False
+    deadline = start + job["wall_s"]
+    timed_out = overflow = exited = memory = False
+    polled = start  # a test that ends within its first POLL_S (most do) is metered once, at its end
     while not (exited or overflow):
-        left = deadline - time.monotonic()
-        if left <= 0:
+        now = time.monotonic()
+        if now - polled >= POLL_S:
+            polled = now
+            cpu, memory = meter.poll(pid)
+            if cpu > job["timeout_s"]:
+                timed_out = True
+                break
+            if memory:
+                break
+        if now >= deadline:
             timed_out = True
             break
-        ready, _, _ = select.select([*readers, pidfd], [], [], left)
+        ready, _, _ = select.select([*readers, pidfd], [], [], min(deadline - now, POLL_S))
         exited = pidfd in ready
         for fd in ready:
             if fd in readers and not _read_some(fd, data[readers[fd]], cap):
@@ -144,11 +196,17 @@ def _run_test(job, code, test, i):
         overflow = any(len(b) > cap for b in data.values())
     if not exited:
         _kill(pid)
-    _, status = posix.waitpid(pid, 0)
+    _, status, usage = posix.wait4(pid, 0)
     duration = time.monotonic() - start
     posix.close(pidfd)
-    _sweep(job, pid)
-    drain_until = time.monotonic() + 1.0  # every writer is gone now: EOF comes at once
+    cpu, over = meter.finish(pid, usage)
+    timed_out = timed_out or cpu > job["timeout_s"]
+    memory = memory or over
+    if job["sandboxed"]:  # what the test left: now, so that its output pipes reach EOF at once
+        _kill_leftovers(job)
+    else:
+        _killpg(pid)
+    drain_until = time.monotonic() + 1.0  # every writer is gone now (or soon): EOF comes at once
     while readers and time.monotonic() < drain_until:
         ready, _, _ = select.select(list(readers), [], [], max(0.0, drain_until - time.monotonic()))
         for fd in ready:
@@ -157,17 +215,16 @@ def _run_test(job, code, test, i):
                 del readers[fd]
     for fd in readers:
         posix.close(fd)
-    overflow = overflow or any(len(b) > cap for b in data.values())
-    result = b""
-    if "result" in data and len(data["result"]) <= cap:
-        tag = nonce.encode() + b" "
-        lines = [ln for ln in bytes(data["result"]).split(b"\n") if ln.startswith(tag)]
-        result = lines[-1][len(tag):] if lines else b""
-    return encode_frame(i, status, timed_out, overflow, len(data["out"]) > cap, len(data["err"]) > cap, duration,
-                        bytes(data["out"][:cap]), bytes(data["err"][:cap]), result)
+    overflow = overflow or len(data["out"]) > cap or len(data["err"]) > cap
+    result = bytes(data.get("result", b""))
+    frame = encode_frame(i, status, duration, cpu, bytes(data["out"][:cap]), bytes(data["err"][:cap]),
+                         result[:cap], timed_out=timed_out, overflow=overflow, out_truncated=len(data["out"]) > cap,
+                         err_truncated=len(data["err"]) > cap, result_overflow=len(result) > cap,
+                         memory_exceeded=memory)
+    return frame
 
 
-def _child(job, code, test, stdin, w, nonce):
+def _child(job, code, test, stdin, w):
     """In the forked child: descriptors, limits, uid, then the program. Never returns."""
     posix.dup2(stdin, 0)
     posix.dup2(w["out"], 1)
@@ -177,14 +234,22 @@ def _child(job, code, test, stdin, w, nonce):
     posix.closerange(RESULT_FD + ("result" in w), 1 << 20)  # the frame pipe and every other fd of the zygote
     if not job["sandboxed"]:
         posix.setsid()
+    try:  # first in line for the kernel's OOM killer (raising one's own score needs no privilege)
+        fd = posix.open("/proc/self/oom_score_adj", posix.O_WRONLY)
+        posix.write(fd, b"1000")
+        posix.close(fd)
+    except OSError:
+        pass
     for which, value in zip(RLIMITS, [*job["limits"], 0]):
         resource.setrlimit(which, (value, value))  # hard: the program cannot raise them back
     _drop_uid(job["uid"])
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)  # see the module docstring: big ints as in Python < 3.11
     sys.argv = [job["path"]]
-    posix._exit(_run_program(job, code, test, nonce))
+    posix._exit(_run_program(job, code, test))
 
 
-def _run_program(job, code, test, nonce):
+def _run_program(job, code, test):
     """Run the program in this process as `python main.py` would; the exit status."""
     name = "solution" if "call" in test else "__main__"  # as `solution`, an `if __name__ == "__main__":` stays out
     module = type(sys)(name)
@@ -196,7 +261,7 @@ def _run_program(job, code, test, nonce):
             code = compile(job["program"], job["path"], "exec", dont_inherit=True)
         exec(code, module.__dict__)
         if "call" in test:
-            _report(_call(module.__dict__, test["call"], test["args"]), nonce)
+            _report(_call(module.__dict__, test["call"], test["args"]))
         status = 0
     except SystemExit as e:
         status = _exit_status(e.code)
@@ -218,13 +283,18 @@ def _call(namespace, name, args):
     return fn(*args)
 
 
-def _report(value, nonce):
+def _report(value):
+    """Write the call's result record (one line; see the module docstring)."""
     import json  # imported by the zygote already when the job has a function-call test
     try:
-        payload = "json " + json.dumps(value)
-    except (TypeError, ValueError, RecursionError):
-        payload = "repr " + repr(value)[:300]
-    _write_all(RESULT_FD, f"{nonce} {payload}\n".encode())
+        record = b"json " + json.dumps(value).encode()  # ASCII, no raw newline
+    except BaseException:  # not JSON (a set, a cycle, too deep): its repr, which wrong-answers
+        try:
+            text = str.replace(repr(value)[:300], "\n", "\\n")
+        except BaseException:
+            text = "<a value without a repr>"
+        record = b"repr " + text.encode("utf-8", "backslashreplace")
+    _write_all(RESULT_FD, record + b"\n")
 
 
 def _exit_status(code):
@@ -258,31 +328,233 @@ def _finish(status):
     return status
 
 
-def _sweep(job, pid):
-    """Kill whatever the test left running and empty the writable directories, so the next test starts clean."""
-    if not job["sandboxed"]:
-        try:
-            posix.killpg(pid, SIGKILL)
-        except OSError:
-            pass
-        return
-    _reap()
-    if _other_pids() or _leftover_files(job):
-        helper = posix.fork()
-        if helper == 0:
+# --- metering: CPU time of a test, memory of the sample ----------------------------------------------------------
+
+class Meter:
+    """A running test's CPU seconds (every process of it) and whether the sample passed its memory cap."""
+
+    def __init__(self, job):
+        self.sandboxed = job["sandboxed"]
+        self.cpu_fd, self.cpu_v = job["cpu_fd"], job["cpu_v"]  # the cgroup's CPU counter (-1: none)
+        self.oom_fd = job["oom_fd"]  # the cgroup's memory events (-1: none, then `mem_cap` is polled)
+        self.mem_cap, self.dirs = job["mem_cap"], job["clean"]
+        self.tick = posix.sysconf("SC_CLK_TCK")
+        self.page = posix.sysconf("SC_PAGE_SIZE")
+        self.me = posix.getpid()
+
+    def start(self):
+        self.peak = 0.0
+        self.oom0 = self._ooms()
+        if self.cpu_fd >= 0:
+            self.base = self._cgroup_cpu() - _self_cpu()
+        else:
+            self.base = _children_cpu()
+
+    def poll(self, pid):
+        """(CPU seconds so far, whether the sample is over its memory cap)."""
+        if self.cpu_fd >= 0:
+            cpu = self._cgroup_cpu() - _self_cpu() - self.base  # less this process's own polling and reading
+            ticks, rss = (0, 0) if not self.mem_cap else self._processes(pid)
+        else:
+            ticks, rss = self._processes(pid)
+            cpu = _children_cpu() - self.base + ticks / self.tick
+        self.peak = max(self.peak, cpu)
+        return self.peak, bool(self.mem_cap) and rss * self.page + self._tmpfs_used() > self.mem_cap
+
+    def finish(self, pid, usage):
+        """After the test's main process is reaped (`usage`: its rusage): (CPU seconds, whether it ran out of
+        memory: the cgroup's OOM killer acted, or the polled cap was passed)."""
+        cpu, over = self.poll(pid)
+        if not self.sandboxed:
+            cpu = max(cpu, usage.ru_utime + usage.ru_stime)
+        return cpu, over or self._ooms() > self.oom0
+
+    def _processes(self, pid):
+        """Clock ticks (utime, stime and those of reaped children) and resident pages of the test's live
+        processes: every process of the namespace but this one, in pid order (a parent before the children it
+        may reap meanwhile, so a race loses a child's time for one poll instead of counting it twice)."""
+        if self.sandboxed:
+            pids = sorted(int(p) for p in posix.listdir("/proc") if p.isdigit() and int(p) != self.me)
+        else:
+            pids = [pid]
+        ticks = rss = 0
+        for p in pids:
             try:
-                _drop_uid(job["uid"])  # as the test's uid: allowed to signal its processes and delete its files
-                for _ in range(3):  # kill(-1): everything this uid may signal here, except pid 1 and the caller
-                    _kill(-1)
-                for path in _leftover_files(job):
-                    _remove(path)
-            finally:
-                posix._exit(0)
-        posix.waitpid(helper, 0)
-    until = time.monotonic() + 2.0
+                fd = posix.open(f"/proc/{p}/stat", posix.O_RDONLY)
+                try:
+                    fields = posix.read(fd, 4096).rsplit(b")", 1)[1].split()
+                finally:
+                    posix.close(fd)
+                ticks += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+                rss += int(fields[21])
+            except (OSError, IndexError, ValueError):  # gone meanwhile
+                pass
+        return ticks, rss
+
+    def _tmpfs_used(self):
+        used = 0
+        for d in self.dirs:
+            st = posix.statvfs(d)
+            used += (st.f_blocks - st.f_bfree) * st.f_frsize
+        return used
+
+    def _cgroup_cpu(self):
+        text = posix.pread(self.cpu_fd, 4096, 0)
+        if self.cpu_v == 1:
+            return int(text) / 1e9  # cpuacct.usage: nanoseconds
+        return int(text.split(b"usage_usec", 1)[1].split()[0]) / 1e6  # cpu.stat: microseconds
+
+    def _ooms(self):
+        if self.oom_fd < 0:
+            return 0
+        text = posix.pread(self.oom_fd, 4096, 0)  # memory.events (v2) or memory.oom_control (v1)
+        return int(text.split(b"oom_kill ", 1)[1].split()[0]) if b"oom_kill " in text else 0
+
+
+def _self_cpu():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+def _children_cpu():
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime
+
+
+# --- a fresh sandbox for every test ----------------------------------------------------------------------------
+
+class _State:
+    """What the next test must find: the timestamps of the writable directories and of main.py, main.py's
+    inode change time (any chmod or write moves it)."""
+
+    def __init__(self, job):
+        self.job = job
+        self.when = time.time_ns()
+        self.paths = [*job["clean"], job["path"]] if job["sandboxed"] else []
+        self.ctime = None
+
+    def reset_times(self):
+        """Set the timestamps back (a test could leave a chosen time in them); '' or what failed."""
+        try:
+            for p in self.paths:
+                posix.utime(p, ns=(self.when, self.when), follow_symlinks=False)
+            if self.paths:
+                self.ctime = posix.lstat(self.job["path"]).st_ctime_ns
+        except OSError as e:
+            return f"could not reset the timestamps ({e})"
+        return ""
+
+
+def _kill_leftovers(job):
+    """Kill every process the test left (as its uid, which may signal them), and wait until they are gone."""
+    _reap()
+    if not _other_pids():
+        return
+    helper = posix.fork()
+    if helper == 0:
+        try:
+            _drop_uid(job["uid"])
+            for _ in range(3):  # kill(-1): everything this uid may signal here, except pid 1 and the caller
+                _kill(-1)
+        finally:
+            posix._exit(0)
+    posix.waitpid(helper, 0)
+    until = time.monotonic() + REAP_S
     while _other_pids() and time.monotonic() < until:  # orphans come to pid 1: reap them as they die
         _reap()
         time.sleep(0.001)
+
+
+def _reset(job, state):
+    """Make the sandbox what the first test found (module docstring); '' or what could not be made so."""
+    if not job["sandboxed"]:
+        return ""
+    if _other_pids():
+        return "processes the test left did not die"
+    if _leftover_files(job):
+        helper = posix.fork()
+        if helper == 0:
+            ok = False
+            try:
+                _drop_uid(job["uid"])  # as the test's uid: allowed to delete its files
+                ok = all(_empty(d, job["path"]) for d in job["clean"])
+            finally:
+                posix._exit(0 if ok else 1)
+        fd = posix.pidfd_open(helper)
+        done, _, _ = select.select([fd], [], [], job["reset_s"])
+        posix.close(fd)
+        if not done:
+            _kill(helper)
+        posix.waitpid(helper, 0)
+        if not done:
+            return f"emptying {' and '.join(job['clean'])} took more than {job['reset_s']:g} s"
+        left = _leftover_files(job)
+        if left:
+            return f"{left[0]} could not be removed"
+    for d in job["clean"]:
+        st = posix.lstat(d)
+        if st.st_mode & 0o7777 != 0o1777:
+            posix.chmod(d, 0o1777)  # the owner's right (non-root mode: the tests' uid owns them)
+    for p in state.paths:
+        try:
+            attrs = posix.listxattr(p, follow_symlinks=False)
+        except OSError:  # no extended attributes on this filesystem
+            attrs = []
+        if attrs:
+            return f"the test set extended attributes on {p}"
+    st = posix.lstat(job["path"])
+    if st.st_ctime_ns != state.ctime or st.st_mode & 0o7777 != 0o444:
+        return f"the test changed {job['path']}"
+    for kind in ("shm", "msg", "sem"):
+        try:
+            fd = posix.open(f"/proc/sysvipc/{kind}", posix.O_RDONLY)
+        except OSError:  # a kernel without SysV IPC
+            continue
+        try:
+            lines = posix.read(fd, 1 << 16).count(b"\n")
+        finally:
+            posix.close(fd)
+        if lines > 1:
+            return f"SysV {kind} objects exist"
+    return state.reset_times()
+
+
+def _empty(top, keep):
+    """Remove everything inside directory `top` but `keep`, without recursion and through descriptors (no path
+    grows), giving back permissions a test took away; False if anything could not be removed."""
+    try:
+        fd = posix.open(top, posix.O_RDONLY | posix.O_DIRECTORY | posix.O_NOFOLLOW)
+    except OSError:
+        return False
+    stack = [[n for n in posix.listdir(fd) if top + "/" + n != keep]]  # the names left to remove, per level
+    try:
+        while stack:
+            names = stack[-1]
+            if not names:  # this level is empty: up, and remove it from its parent
+                stack.pop()
+                if stack:
+                    parent = posix.open("..", posix.O_RDONLY | posix.O_DIRECTORY, dir_fd=fd)
+                    posix.close(fd)
+                    fd = parent
+                    posix.rmdir(stack[-1].pop(), dir_fd=fd)
+                continue
+            name = names[-1]
+            st = posix.lstat(name, dir_fd=fd)
+            if st.st_mode & 0o170000 != 0o040000:  # not a directory (a link to one included)
+                posix.unlink(name, dir_fd=fd)
+                names.pop()
+                continue
+            if st.st_mode & 0o700 != 0o700:
+                posix.chmod(name, 0o700, dir_fd=fd)  # a test may have taken its own permissions away
+            child = posix.open(name, posix.O_RDONLY | posix.O_DIRECTORY | posix.O_NOFOLLOW, dir_fd=fd)
+            posix.close(fd)
+            fd = child
+            stack.append(posix.listdir(fd))
+    except OSError:
+        return False
+    finally:
+        posix.close(fd)
+    return True
 
 
 def _reap():
@@ -307,19 +579,6 @@ def _leftover_files(job):
     return found
 
 
-def _remove(path):
-    try:
-        if posix.lstat(path).st_mode & 0o170000 == 0o040000:  # a directory, not a link to one
-            posix.chmod(path, 0o700)  # a test may have taken its own permissions away
-            for name in posix.listdir(path):
-                _remove(path + "/" + name)
-            posix.rmdir(path)
-        else:
-            posix.unlink(path)
-    except OSError:
-        pass
-
-
 def _drop_uid(uid):
     if uid >= 0 and posix.getuid() == 0:
         posix.setgroups([])
@@ -330,6 +589,13 @@ def _drop_uid(uid):
 def _kill(pid):  # ESRCH (nothing left to kill) and EPERM are both fine here
     try:
         posix.kill(pid, SIGKILL)
+    except OSError:
+        pass
+
+
+def _killpg(pid):
+    try:
+        posix.killpg(pid, SIGKILL)
     except OSError:
         pass
 
@@ -351,10 +617,15 @@ def _imported_names(source):
     return names
 
 
-def _stdin_fd(text):
+def _stdin_fd(text, where):
+    """The test's stdin: /dev/null, or an unnamed read-only file in `where` (O_TMPFILE with O_EXCL: it can never
+    be given a name; the sandbox refuses memfd_create, whose pages no rlimit counts)."""
     if not text:
         return posix.open("/dev/null", posix.O_RDONLY)
-    fd = posix.memfd_create("stdin")
+    try:
+        fd = posix.open(where, posix.O_TMPFILE | posix.O_EXCL | posix.O_RDWR, 0o444)
+    except OSError:  # a filesystem without O_TMPFILE (only met unsandboxed)
+        fd = posix.memfd_create("stdin")
     _write_all(fd, text.encode())
     ro = posix.open(f"/proc/self/fd/{fd}", posix.O_RDONLY)  # the test may read its input, not rewrite it
     posix.close(fd)

@@ -2,9 +2,12 @@
 
 A test program reads input, computes, and writes output; it may start threads, fork, and run the interpreter
 again. It never needs to create namespaces, trace or read other processes, mount, talk to the kernel keyring,
-load BPF or kernel modules, or use io_uring. The filter denies those with EPERM, so that a program that tries
-gets an ordinary OSError rather than a kill, and the sandbox no longer depends on the kernel's defaults (as root
-the sandbox's unprivileged uid could create user namespaces; see the module docstring of `sandbox`).
+load BPF or kernel modules, or use io_uring; nor SysV IPC, POSIX message queues or memfds (the standard library
+uses none of them: multiprocessing's shared memory and semaphores are files in /dev/shm), which would let a test
+leave state for the next one or hold memory outside its rlimits. The filter denies those with EPERM, so that a
+program that tries gets an ordinary OSError rather than a kill, and the sandbox no longer depends on the
+kernel's defaults (as root the sandbox's unprivileged uid could create user namespaces; see the module docstring
+of `sandbox`).
 
 The program, in the kernel's `struct seccomp_data` terms (nr at offset 0, arch at 4, args[i] at 16 + 8 i):
 
@@ -46,6 +49,13 @@ SYSCALLS: dict[str, tuple[int | None, int | None]] = {
     "init_module": (175, 105), "finit_module": (313, 273), "delete_module": (176, 106),
     "kexec_load": (246, 104), "kexec_file_load": (320, 294),
     "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
+    # state that outlives a process and memory no rlimit counts: SysV IPC and POSIX message queues (a test
+    # could leave them for the next one), memfds (their pages are outside RLIMIT_AS), secret memory
+    "shmget": (29, 194), "shmat": (30, 196), "shmctl": (31, 195), "shmdt": (67, 197),
+    "semget": (64, 190), "semop": (65, 193), "semctl": (66, 191), "semtimedop": (220, 192),
+    "msgget": (68, 186), "msgsnd": (69, 189), "msgrcv": (70, 188), "msgctl": (71, 187),
+    "mq_open": (240, 180), "mq_unlink": (241, 181), "mq_timedsend": (242, 182), "mq_timedreceive": (243, 183),
+    "mq_notify": (244, 184), "mq_getsetattr": (245, 185), "memfd_create": (319, 279), "memfd_secret": (447, 447),
     # system administration, file handles (the "shocker" escape), the clock
     "reboot": (169, 142), "swapon": (167, 224), "swapoff": (168, 225), "acct": (163, 89), "syslog": (103, 116),
     "quotactl": (179, 60), "quotactl_fd": (443, 443), "lookup_dcookie": (212, 18), "vhangup": (153, 58),

@@ -70,7 +70,8 @@ def code_unit(*, config: dict, start: str, reward_mode: str, branches: int, rewa
     run's, ``filter_rule`` the group filter), rewards ``score_code`` in ``reward_mode`` (soft / hard / signed).
     Records tagged with ``tags``; returns the last evaluation, the reward reasons and the sandbox counts."""
     from klear_lib.evaluation.code_heldout import evaluate_code_heldout
-    from klear_lib.rewards.code import score_code
+    from klear_lib.rewards import sandbox
+    from klear_lib.rewards.code import CodeRewardOptions, failure_score, score_code
     from klear_lib.rewards.pool import MemoPool, RewardPool, make_trl_reward_func
     from klear_lib.train.rl import run_rl
 
@@ -78,8 +79,10 @@ def code_unit(*, config: dict, start: str, reward_mode: str, branches: int, rewa
     train, heldout = tasks.make_branch_code_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, branches)
     runs.set_seed(cfg.seed)
     model, tok = models.load_model_and_tokenizer(start, dtype=torch.float32)
-    with RewardPool(score_code, workers=reward_workers, timeout_s=test_timeout_s * 20 + 5,
-                    failure_score=0.0) as raw_pool:
+    # the pool's limit per sample covers the sandbox's own deadline for the most tests a sample runs, plus start-up
+    limit_s = sandbox.sample_budget_s(CodeRewardOptions.max_tests, test_timeout_s) + 5.0
+    with RewardPool(score_code, workers=reward_workers, timeout_s=limit_s,
+                    failure_score=failure_score(reward_mode)) as raw_pool:  # a pool failure = an honest wrong
         pool = MemoPool(raw_pool)
         reward = make_trl_reward_func(pool, {"tests": "tests"}, f"code_{reward_mode}",
                                       score_kwargs={"mode": reward_mode, "timeout_s": test_timeout_s})

@@ -47,9 +47,14 @@ class LaunchConfig:
     completion_prefix: str = ""
     """Text put before each completion when judging, e.g. ``<think>`` when the chat template opens it."""
     unsloth: str = "off"
-    """Load the model with unsloth (one CUDA GPU, unsloth installed): ``off``, ``full`` fine-tuning, or ``lora``."""
+    """Load the model with unsloth (opt-in; one CUDA GPU, unsloth's environment): ``off``, ``full`` fine-tuning, or
+    ``lora``."""
     lora_rank: int = 32
     """LoRA rank when ``unsloth: lora``."""
+    weights_dtype: str = "float32"
+    """dtype of the trained weights and of AdamW's state: ``float32`` (master weights; a bf16 checkpoint is upcast
+    on load, and ``bf16: true`` adds bf16 autocast) or, only when set here, ``bfloat16`` (pure bf16 training: at
+    lr 1e-6 most updates are below bf16's resolution and round away)."""
 
 
 def load_config(path: str | os.PathLike, overrides: dict) -> tuple[RLExperimentConfig, LaunchConfig]:
@@ -71,6 +76,7 @@ def load_config(path: str | os.PathLike, overrides: dict) -> tuple[RLExperimentC
         raise ValueError(f"{path}: ability must be 'math' or 'code', got {launch.ability!r}")
     if launch.unsloth not in ("off", "full", "lora"):
         raise ValueError(f"{path}: unsloth must be 'off', 'full' or 'lora', got {launch.unsloth!r}")
+    models.weights_dtype(launch.weights_dtype, where=f"{path}: weights_dtype")
     return rl, launch
 
 
@@ -100,12 +106,14 @@ def _klear_rows(launch: LaunchConfig):
         pool = RewardPool(score_math, workers=launch.reward_workers, timeout_s=10.0, group_key="gold")
         reward = make_trl_reward_func(pool, {"gold": "gold"}, "math", completion_prefix=launch.completion_prefix)
     else:
-        from klear_lib.rewards.code import score_code
+        from klear_lib.rewards.code import failure_score, score_code
 
         rows = [{"prompt": r.prompt, "tests": r.ground_truth} for r in records]
-        pool = RewardPool(score_code, workers=launch.reward_workers, timeout_s=120.0)
+        mode = "soft"
+        pool = RewardPool(score_code, workers=launch.reward_workers, timeout_s=120.0,
+                          failure_score=failure_score(mode))  # a pool failure scores as an honest wrong answer
         reward = make_trl_reward_func(pool, {"tests": "tests"}, "code", completion_prefix=launch.completion_prefix,
-                                      score_kwargs={"mode": "soft"})
+                                      score_kwargs={"mode": mode})
     return rows, [reward], pool
 
 
@@ -127,13 +135,14 @@ def launch(cfg: RLExperimentConfig, launch_cfg: LaunchConfig, out: str | os.Path
         runs.write_run_metadata(out, {"rl": cfg, "launch": launch_cfg,
                                       "world_size": int(os.environ.get("WORLD_SIZE", 1))})
     runs.set_seed(cfg.seed)
-    if launch_cfg.unsloth == "off":
-        model, tokenizer = models.load_model_and_tokenizer(cfg.model, dtype="auto")
+    if launch_cfg.unsloth == "off":  # fp32 master weights unless weights_dtype says otherwise (LaunchConfig)
+        model, tokenizer = models.load_model_and_tokenizer(cfg.model, dtype=models.weights_dtype(
+            launch_cfg.weights_dtype))
     else:
         from klear_lib.train.sft import load_for_sft
 
         model, tokenizer = load_for_sft(cfg.model, max_length=cfg.max_completion_length + 4096, bf16=cfg.bf16,
-                                        use_unsloth=True,
+                                        use_unsloth=True, weights_dtype=launch_cfg.weights_dtype,
                                         lora_rank=launch_cfg.lora_rank if launch_cfg.unsloth == "lora" else 0)
     train = heldout = []
     rows = reward_funcs = evaluate = pool = None

@@ -57,40 +57,102 @@ from klear_lib.evaluation.heldout import evaluate_heldout, fork_probe
 from klear_lib.logprobs import IGNORE_INDEX, token_logprobs_and_entropy
 from klear_lib.losses import compute_policy_loss, entropy_diagnostics, positive_sample_loss
 from klear_lib.recipe import KlearLossConfig
+from klear_lib.train.tracking import add_hparams, tracking_env
+from klear_lib.train.tracking import names as tracker_names
 
 TRL_VERSION = "1.16.0"  # the TRL release whose internals this trainer overrides
+
+
+def causal_lm(model):
+    """The transformers ``PreTrainedModel`` inside ``model``'s wrappers: DDP and DeepSpeed (``.module``), PEFT
+    (``get_base_model()``). The wrappers themselves are what gets called; this is for reading the config and the
+    LM head."""
+    from transformers import PreTrainedModel
+
+    m = model
+    for _ in range(8):
+        if isinstance(m, PreTrainedModel):
+            return m
+        if callable(getattr(m, "get_base_model", None)):  # PEFT
+            m = m.get_base_model()
+        elif isinstance(getattr(m, "module", None), torch.nn.Module):  # DDP, DeepSpeedEngine, FSDP1
+            m = m.module
+        else:
+            break
+    raise TypeError(f"logprob_backend='klear': found no transformers model inside {type(model).__name__}; use "
+                    "logprob_backend='trl'")
+
+
+@contextlib.contextmanager
+def _head_returns_token_stats(head, labels, logits_to_keep: int, temperature: float, calls: list):
+    """For the duration of the block, ``head(hidden)`` (the LM head module, called by the CausalLM's own forward)
+    returns ``stack([log p(label), entropy], -1)`` (b, logits_to_keep, 2) from ``klear_lib.logprobs`` instead of
+    logits. The head module is kept, only its ``forward`` is swapped: the hooks that DDP, DeepSpeed ZeRO-3 and FSDP
+    put on the wrapped model and on the head (gather before the call, reduce after backward) still run."""
+
+    def forward(hidden):  # (b, T, H): every position, since the CausalLM is called with logits_to_keep=0
+        # the hidden state at position t predicts token t + 1: keep the logits_to_keep positions before each
+        # scored token
+        h = hidden[:, -logits_to_keep - 1:-1]
+        weight = head.weight
+        if type(weight).__name__ == "DTensor":  # an FSDP2 head wrapped on its own and resharded: gather it
+            weight = weight.full_tensor()
+        with torch.autocast(h.device.type, enabled=False):  # the chunked head computes in fp32 itself
+            logps, ent = token_logprobs_and_entropy(h, weight, labels, temperature=temperature)
+        stats = torch.stack([logps, ent], dim=-1)
+        calls.append(stats.detach())  # to check that the CausalLM hands back exactly this
+        return stats
+
+    saved = head.__dict__.get("forward")
+    head.forward = forward
+    try:
+        yield
+    finally:
+        if saved is None:
+            del head.forward
+        else:
+            head.forward = saved
 
 
 def klear_token_stats(model, input_ids, attention_mask, logits_to_keep, *, temperature=1.0, batch_size=None,
                       autocast=contextlib.nullcontext):
     """Per-token log-probs and entropies of the last ``logits_to_keep`` tokens, as TRL's pass returns them
-    ``(logps, entropies, None)``, each (B, logits_to_keep), from the backbone's last hidden states and the LM-head
-    weight through ``klear_lib.logprobs.token_logprobs_and_entropy`` (chunked; no (B, T, V) logits, in forward
-    or backward). Positions with ``attention_mask == 0`` get 0. Models whose logits are scaled or soft-capped
-    after the LM head are refused (their logits are not ``hidden @ W.T``)."""
-    unwrapped = model.module if hasattr(model, "module") and not hasattr(model, "get_output_embeddings") else model
-    cfg = unwrapped.config.get_text_config() if hasattr(unwrapped.config, "get_text_config") else unwrapped.config
-    for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier"):
+    ``(logps, entropies, None)``, each (B, logits_to_keep), from the last hidden states and the LM-head weight
+    through ``klear_lib.logprobs.token_logprobs_and_entropy`` (chunked; no (B, T, V) logits, in forward or
+    backward). Positions with ``attention_mask == 0`` get 0.
+
+    ``model`` is called as it is, wrappers included (DDP, DeepSpeed, FSDP, PEFT): the chunked head runs inside the
+    LM head module's call during the CausalLM's forward (``_head_returns_token_stats``), so a data-parallel wrapper
+    prepares its gradient reduction and a sharded one gathers every parameter, the head's included. Models whose
+    logits are scaled or soft-capped after the LM head, or whose head has a bias, are refused (their logits are not
+    ``hidden @ W.T``)."""
+    inner = causal_lm(model)
+    cfg = inner.config.get_text_config() if hasattr(inner.config, "get_text_config") else inner.config
+    for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier",
+                 "lm_head_multiplier"):
         if getattr(cfg, attr, None) not in (None, 1, 1.0):
-            raise ValueError(f"logprob_backend='klear' needs logits = hidden @ W.T; {type(unwrapped).__name__} sets "
+            raise ValueError(f"logprob_backend='klear' needs logits = hidden @ W.T; {type(inner).__name__} sets "
                              f"{attr}={getattr(cfg, attr)!r}: use logprob_backend='trl'")
-    head = unwrapped.get_output_embeddings()
+    head = inner.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
         raise ValueError("logprob_backend='klear' needs an LM head without bias: use logprob_backend='trl'")
-    backbone = getattr(unwrapped, unwrapped.base_model_prefix)
     batch_size = batch_size or input_ids.size(0)
     all_logps, all_ent = [], []
     for start in range(0, input_ids.size(0), batch_size):
         ids, mask = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
-        with autocast():
-            hidden = backbone(input_ids=ids, attention_mask=mask).last_hidden_state  # (b, T, H)
-        # the hidden state at position t predicts token t + 1: keep the logits_to_keep positions before each
-        # scored token
-        h = hidden[:, -logits_to_keep - 1:-1]
         labels = ids[:, -logits_to_keep:].masked_fill(mask[:, -logits_to_keep:] == 0, IGNORE_INDEX)
-        logps, ent = token_logprobs_and_entropy(h, head.weight, labels, temperature=temperature)
-        all_logps.append(logps)
-        all_ent.append(ent)
+        calls = []
+        with _head_returns_token_stats(head, labels, logits_to_keep, temperature, calls), autocast():
+            stats = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (b, logits_to_keep, 2)
+        if len(calls) != 1 or stats is None or not torch.equal(stats.detach(), calls[0]):
+            # a forward that computes its logits without calling the head module, or that changes what the head
+            # returned (a cast to bf16, a scale: a patched forward such as unsloth's can), would hand back something
+            # else than these statistics: never read that as log-probs
+            raise RuntimeError(f"logprob_backend='klear': {type(inner).__name__}'s forward called its LM head module "
+                               f"{len(calls)} time(s) and must return what it returned unchanged; use "
+                               "logprob_backend='trl'")
+        all_logps.append(stats[..., 0])
+        all_ent.append(stats[..., 1])
     return torch.cat(all_logps), torch.cat(all_ent), None
 
 
@@ -435,6 +497,10 @@ class KlearGRPOTrainer(GRPOTrainer):
             metrics["actor/random_stop_frac"] = float(stopped.sum() / mask.sum().clamp(min=1))
         if self.focus is not None:
             metrics.update(self._focus_metrics(inputs, mask, old_log_prob, log_prob, entropy, old_entropy))
+        # TRL's names for the clip fractions too, for those who read GRPOTrainer's logs (glossary: clip_ratio/*)
+        metrics["clip_ratio/low_mean"] = metrics["actor/pg_clipfrac_low"]
+        metrics["clip_ratio/high_mean"] = metrics["actor/pg_clipfrac_high"]
+        metrics["clip_ratio/region_mean"] = metrics["actor/pg_clipfrac_low"] + metrics["actor/pg_clipfrac_high"]
         for name, value in metrics.items():
             m[name].append(value)
         denom = mask.sum().clamp(min=1.0)
@@ -612,7 +678,8 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
     ``runs.MetricsWriter``): one record per optimizer step and one per rollout. The caller sets the seed
     (``runs.set_seed``) before building the model. ``save_dir``: save the final model there through the trainer
     (every process calls it, as sharded ZeRO-3/FSDP weights need). ``tracking_dir``: where the experiment tracker
-    of ``cfg.report_to`` writes (``tracking_env``); the rollout records go to it too.
+    of ``cfg.report_to`` writes and under which names (a ``klear_lib.experiment.UnitTracking``, or a folder;
+    ``klear_lib.train.tracking``; default ``<output_dir>/tracking``); the rollout records go to it too.
     """
     tags = dict(tags or {})
     arithmetic = rows is None
@@ -638,8 +705,12 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
             return fork_token_mask(tokenizer, completion_ids, completion_mask, facts)
     dataset = Dataset.from_list(rows)
     upr = cfg.updates_per_rollout
+    output_dir = str(output_dir or tempfile.mkdtemp(prefix="klear-rl-"))
+    report_to = getattr(cfg, "report_to", "none")
+    if report_to != "none" and tracking_dir is None:  # launch.py: beside the checkpoints, named after their folder
+        tracking_dir = os.path.join(output_dir, "tracking")
     args = GRPOConfig(
-        output_dir=str(output_dir or tempfile.mkdtemp(prefix="klear-rl-")),
+        output_dir=output_dir,
         per_device_train_batch_size=_per_device(cfg.mini_batch_prompts * cfg.num_generations),  # completions per update
         steps_per_generation=upr,  # at most `upr` optimizer steps per rollout (dynamic sampling may make fewer)
         gradient_accumulation_steps=1,
@@ -668,13 +739,15 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         logging_steps=1,
         save_strategy="steps" if cfg.save_steps else "no",
         save_steps=cfg.save_steps or 500,
-        report_to=getattr(cfg, "report_to", "none"),
+        report_to=report_to,
         disable_tqdm=True,
+        **tracker_names(tracking_dir),  # the unit is the run, the notebook the project (klear_lib.train.tracking)
     )
     recorder = RolloutRecorder(writer, tags, evaluate=lambda m: evaluate(m), eval_every=cfg.eval_every, probe=probe,
                                progress=progress)
     tracking = contextlib.ExitStack()
-    tracking.enter_context(tracking_env(tracking_dir))  # the trackers read their folder when the trainer is built
+    # the trackers read their folders and names when the trainer is built
+    tracking.enter_context(tracking_env(tracking_dir if report_to != "none" else None))
     trainer = KlearGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs or [correctness_reward],
@@ -688,6 +761,7 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         callbacks=[MetricsCallback(writer, tags)],
     )
     trainer.remove_callback(PrinterCallback)  # one progress line per evaluation instead of a dict per step
+    add_hparams(trainer, cfg, args.report_to)  # TensorBoard: the resolved config as hparams
     try:
         trainer.train(resume_from_checkpoint=_last_checkpoint(args.output_dir) if cfg.save_steps else None)
     finally:
@@ -697,27 +771,6 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         if trainer.accelerator.is_main_process:
             tokenizer.save_pretrained(str(save_dir))
     return trainer.model, recorder.history
-
-
-@contextlib.contextmanager
-def tracking_env(folder):
-    """Point the experiment trackers' files at ``folder`` while a trainer trains (transformers' TensorBoard
-    callback reads ``TENSORBOARD_LOGGING_DIR``, wandb ``WANDB_DIR``, trackio ``TRACKIO_DIR``); None: unchanged."""
-    if folder is None:
-        yield
-        return
-    os.makedirs(folder, exist_ok=True)
-    keys = ("TENSORBOARD_LOGGING_DIR", "WANDB_DIR", "TRACKIO_DIR")
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update({k: str(folder) for k in keys})
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _per_device(completions_per_update: int) -> int:

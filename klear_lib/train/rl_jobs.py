@@ -21,8 +21,8 @@ def rl_unit(*, config: dict, start: str, tags: dict, metrics_path: str) -> dict:
 
     cfg = RLExperimentConfig.from_params(config)
     train, heldout = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, cfg.level_list)
-    runs.set_seed(cfg.seed)
     model, tok = models.load_model_and_tokenizer(start, dtype=torch.float32)
+    runs.set_seed(cfg.seed)  # after the load: every stream of the run from the config, whatever loading drew
     with runs.MetricsWriter(metrics_path) as writer:
         _, history = run_rl(cfg, model, tok, train, heldout, writer, tags=tags, progress=lambda *_: None,
                             tracking_dir=unit_tracking_dir(metrics_path, cfg.report_to))

@@ -4,8 +4,11 @@ Samples are in TRL's conversational prompt-completion format (``prompt``: the us
 assistant turn), so ``completion_only_loss`` masks the prompt tokens out of the loss. Resumable: when the
 output directory holds a checkpoint and ``resume`` is set, training continues from the last one.
 
-``load_for_sft`` loads a hub model through unsloth's ``FastLanguageModel`` when unsloth is installed and a CUDA
-GPU is present (faster kernels, less memory), and through plain transformers otherwise.
+``load_for_sft`` loads a model through plain transformers, or through unsloth's ``FastLanguageModel`` (faster
+kernels, less memory; one CUDA GPU) when asked: ``use_unsloth=True`` / ``SFTStageConfig.use_unsloth``. unsloth is
+never switched on because it is installed: it patches transformers and TRL on import, and its releases that know
+transformers 5 pin trl 1.15.0, so it lives in its own environment (docs/scale.md). Trained weights are fp32 (master
+weights, AdamW state in fp32) with bf16 autocast where ``bf16`` is set, unless ``weights_dtype`` says bfloat16.
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ from transformers import PrinterCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
+from klear_lib import models
 from klear_lib.data.tasks import Problem, prompt_messages, teacher_solution
 from klear_lib.models import load_model_and_tokenizer
+from klear_lib.train.tracking import add_hparams, tracking_env
+from klear_lib.train.tracking import names as tracker_names
 
 
 @dataclass
@@ -54,41 +60,61 @@ class SFTStageConfig:
     bf16: bool = False
     """bf16 autocast. TRL 1.16 turns it on by default, also on a CPU, where it is slower than fp32 and rounds
     log-probs by ~1e-3; the project's CPU presets train in fp32, GPU presets in bf16."""
+    weights_dtype: str = "float32"
+    """dtype of the trained weights and of AdamW's state when ``sft_from`` loads the start model: ``float32`` (fp32
+    master weights, bf16 compute through ``bf16``) or, only when set explicitly, ``bfloat16`` (updates below bf16's
+    resolution round away: most of them at lr 1e-6)."""
+    use_unsloth: bool = False
+    """Load the start model with unsloth (opt-in; one CUDA GPU and unsloth's own environment, docs/scale.md)."""
+
+    def __post_init__(self) -> None:
+        models.weights_dtype(self.weights_dtype, where="SFTStageConfig.weights_dtype")
+        if not isinstance(self.use_unsloth, bool):
+            raise TypeError(f"SFTStageConfig.use_unsloth must be true or false, got {self.use_unsloth!r}")
 
     @classmethod
     def from_experiment(cls, cfg, **changes) -> "SFTStageConfig":
         """The SFT stage of an experiment config (``RLExperimentConfig`` or ``SFTExperimentConfig``): its
-        ``sft_lr``, ``sft_epochs``, ``sft_batch_size``, ``seed``, ``use_cpu``, ``bf16`` (and ``max_length`` where
-        it has one), then ``changes``."""
+        ``sft_lr``, ``sft_epochs``, ``sft_batch_size``, ``seed``, ``use_cpu``, ``bf16`` (and ``max_length``,
+        ``weights_dtype``, ``use_unsloth`` where it has them), then ``changes``."""
         values = dict(learning_rate=cfg.sft_lr, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size,
                       seed=cfg.seed, use_cpu=cfg.use_cpu, bf16=cfg.bf16, report_to=getattr(cfg, "report_to", "none"))
-        if hasattr(cfg, "max_length"):
-            values["max_length"] = cfg.max_length
+        for name in ("max_length", "weights_dtype", "use_unsloth"):
+            if hasattr(cfg, name):
+                values[name] = getattr(cfg, name)
         return cls(**{**values, **changes})
 
 
 def unsloth_available() -> bool:
-    """unsloth is installed and a CUDA GPU is present (unsloth needs one; it refuses to import without)."""
+    """unsloth is installed and a CUDA GPU is present (unsloth needs one; it refuses to import without). Only checked
+    when unsloth was asked for: nothing switches it on by itself."""
     return torch.cuda.is_available() and importlib.util.find_spec("unsloth") is not None
 
 
-def load_for_sft(name_or_path: str | Path, *, max_length: int = 4096, bf16: bool = True,
-                 use_unsloth: bool | None = None, lora_rank: int = 0):
-    """A model and tokenizer to fine-tune: unsloth's ``FastLanguageModel`` (its fused kernels; full fine-tuning,
-    or LoRA adapters of rank ``lora_rank`` on every attention and MLP projection when it is > 0) where
-    ``unsloth_available()``, else ``klear_lib.models.load_model_and_tokenizer``. ``use_unsloth=None`` decides by
-    availability; True without unsloth is an error. RL uses it too (``train.launch``, ``unsloth: full|lora``)."""
-    if use_unsloth is None:
-        use_unsloth = unsloth_available()
-    dtype = torch.bfloat16 if bf16 else torch.float32
+def load_for_sft(name_or_path: str | Path, *, max_length: int = 4096, bf16: bool = True, use_unsloth: bool = False,
+                 lora_rank: int = 0, weights_dtype: str = "float32"):
+    """A model and tokenizer to fine-tune: ``klear_lib.models.load_model_and_tokenizer``, or, with
+    ``use_unsloth=True`` (an error where ``unsloth_available()`` is false), unsloth's ``FastLanguageModel``: its
+    fused kernels, full fine-tuning, or LoRA adapters of rank ``lora_rank`` on every attention and MLP projection
+    when it is > 0. RL uses it too (``train.launch``, ``unsloth: full|lora``).
+
+    The trained weights are in ``weights_dtype`` (float32: master weights; the trainer's ``bf16`` adds autocast):
+    the whole model for full fine-tuning, the adapters for LoRA, whose frozen base is loaded in bf16 when ``bf16``
+    is set (it is never updated)."""
+    if not isinstance(use_unsloth, bool):
+        raise TypeError(f"use_unsloth must be True or False (unsloth is opt-in, never chosen because it is "
+                        f"installed), got {use_unsloth!r}")
+    dtype = models.weights_dtype(weights_dtype)
     if not use_unsloth:
         return load_model_and_tokenizer(name_or_path, dtype=dtype)
     if not unsloth_available():
-        raise RuntimeError("use_unsloth=True needs unsloth installed (pip install -e '.[gpu]') and a CUDA GPU")
+        raise RuntimeError("use_unsloth=True needs unsloth installed (its own environment, docs/scale.md) and a "
+                           "CUDA GPU")
     from unsloth import FastLanguageModel  # imported late: it patches transformers on import
 
+    load_dtype = torch.bfloat16 if lora_rank > 0 and bf16 else dtype
     model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=str(name_or_path), max_seq_length=max_length, dtype=dtype, load_in_4bit=False,
+        model_name=str(name_or_path), max_seq_length=max_length, dtype=load_dtype, load_in_4bit=False,
         full_finetuning=lora_rank == 0,
     )
     if lora_rank > 0:
@@ -96,6 +122,7 @@ def load_for_sft(name_or_path: str | Path, *, max_length: int = 4096, bf16: bool
             model, r=lora_rank, lora_alpha=2 * lora_rank, use_gradient_checkpointing="unsloth",
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         )
+    models.trainable_to(model, dtype)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -120,9 +147,12 @@ def sft_samples(problems: list[Problem], *, error_rate: float = 0.0, seed: int =
 def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: SFTStageConfig | None = None, *,
             tracking_dir: str | Path | None = None):
     """Fine-tune ``model`` on ``samples``; returns the trained model (also saved under ``output_dir/final``).
-    With ``cfg.report_to`` set, the tracker writes to ``tracking_dir`` (default ``output_dir/tracking``)."""
+    With ``cfg.report_to`` set, the tracker writes to ``tracking_dir`` (a ``klear_lib.experiment.UnitTracking``: the
+    unit is the run, the notebook the project; ``klear_lib.train.tracking``). Without a ``tracking_dir`` nothing is
+    tracked: a base model trained once and cached for many runs belongs to no one run's tracking folder."""
     cfg = cfg or SFTStageConfig()
     output_dir = Path(output_dir)
+    tracked = tracking_dir if cfg.report_to != "none" else None
     args = SFTConfig(
         output_dir=str(output_dir),
         learning_rate=cfg.learning_rate,
@@ -137,20 +167,21 @@ def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: 
         data_seed=cfg.seed,
         use_cpu=cfg.use_cpu,
         bf16=cfg.bf16,
-        report_to=cfg.report_to,
+        report_to=cfg.report_to if tracked is not None else "none",
         logging_steps=10,
         save_strategy="steps" if cfg.save_steps else "no",
         save_steps=cfg.save_steps or 500,
         disable_tqdm=True,
         dataloader_num_workers=0,
+        **tracker_names(tracked),
     )
-    from klear_lib.train.rl import tracking_env
 
-    with tracking_env(None if cfg.report_to == "none" else (tracking_dir or output_dir / "tracking")):
+    with tracking_env(tracked):
         trainer = SFTTrainer(
             model=model, args=args, train_dataset=Dataset.from_list(samples), processing_class=tokenizer
         )
         trainer.remove_callback(PrinterCallback)  # TRL prints a dict per log step when tqdm is off
+        add_hparams(trainer, cfg, args.report_to)  # TensorBoard: the resolved config as hparams
         last = get_last_checkpoint(str(output_dir)) if cfg.resume and output_dir.exists() else None
         trainer.train(resume_from_checkpoint=last)
     final = output_dir / "final"
@@ -174,13 +205,15 @@ def sft_from(start: str | Path, samples: list, output_dir: str | Path, cfg: SFTS
     ``cfg.report_to``'s tracker writes (see ``run_sft``)."""
     if not samples:
         raise ValueError(f"no samples to fine-tune on (output {output_dir})")
-    model, tokenizer = load_for_sft(start, max_length=cfg.max_length, bf16=cfg.bf16)
+    model, tokenizer = load_for_sft(start, max_length=cfg.max_length, bf16=cfg.bf16, use_unsloth=cfg.use_unsloth,
+                                    weights_dtype=cfg.weights_dtype)
     return run_sft(model, tokenizer, chat_rows(samples), output_dir, cfg, tracking_dir=tracking_dir), tokenizer
 
 
 @dataclass
 class WarmStart:
-    """The SFT start that every run of an RL notebook shares (``arithmetic_warm_start``)."""
+    """The SFT start that every run of an RL notebook shares (``arithmetic_warm_start``). ``model`` and
+    ``tokenizer`` are loaded from ``sft_dir``, whether it was trained by this call or found in the cache."""
 
     train: list
     heldout: list
@@ -198,21 +231,26 @@ WARM_START_FIELDS = ("model", "tiny_hidden", "tiny_layers", "vocab_size", "data_
 _WARM_START_SOURCES = ("data/tasks.py", "train/sft.py", "models.py")
 
 
-def warm_start_key(cfg) -> str:
-    """A digest of everything the SFT warm start of ``cfg`` depends on (``WARM_START_FIELDS``, the source of the
-    modules that build it, the versions of torch, transformers and trl): equal keys, interchangeable models."""
+def warm_start_payload(cfg) -> dict:
+    """Everything the SFT warm start of ``cfg`` depends on: ``WARM_START_FIELDS``, the sha256 of the source of the
+    modules that build it, the versions of torch, transformers and trl (recorded in the cache's manifest)."""
     import hashlib
-    import json
 
     from klear_lib import runs
 
     root = Path(__file__).resolve().parent.parent
-    payload = {
+    return {
         "fields": {f: getattr(cfg, f) for f in WARM_START_FIELDS},
         "source": {s: hashlib.sha256((root / s).read_bytes()).hexdigest() for s in _WARM_START_SOURCES},
         "versions": runs.package_versions(("torch", "transformers", "trl")),
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def warm_start_key(cfg) -> str:
+    """A digest of ``warm_start_payload(cfg)``: equal keys, interchangeable models."""
+    from klear_lib.cache import digest
+
+    return digest(warm_start_payload(cfg))[:16]
 
 
 def arithmetic_warm_start(cfg, out_dir: str | Path, *, cache_root: str | Path | None = None,
@@ -223,14 +261,18 @@ def arithmetic_warm_start(cfg, out_dir: str | Path, *, cache_root: str | Path | 
     evaluation protocol, with the fork / rest split.
 
     With ``cache_root``, the SFT model is trained once per ``warm_start_key(cfg)`` into ``cache_root/<key>`` and
-    reused by every later call (notebooks 03, 04, 06 and 07 share it); ``out_dir/sft_start.json`` records which.
-    Without it, the model is trained into ``out_dir``.
+    reused by every later call (notebooks 03, 04, 06 and 07 share it), after ``klear_lib.cache.verify`` checked
+    it against its manifest (a damaged or mismatched entry is trained again, with one line saying why);
+    ``out_dir/sft_start.json`` records the key and the evaluation. Without it, the model is trained into
+    ``out_dir``.
+
+    Same experiment on a hit and a miss: the model is always loaded from the saved folder, and the evaluation (and
+    every random stream after this call) starts from ``runs.set_seed(cfg.seed)``, not from what training left; a
+    run that reuses the cache gives the numbers of the run that trained it (``tests/test_warm_start.py``).
     """
-    import os
-    import shutil
     import time
 
-    from klear_lib import models, runs
+    from klear_lib import cache, models, runs
     from klear_lib.data import tasks
     from klear_lib.evaluation.heldout import evaluate_heldout, fork_probe
 
@@ -239,38 +281,39 @@ def arithmetic_warm_start(cfg, out_dir: str | Path, *, cache_root: str | Path | 
     facts = tasks.parse_fork_facts(cfg.fork_facts)
     train, heldout = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, cfg.level_list)
     out_dir = Path(out_dir)
-    key = warm_start_key(cfg)
-    folder = Path(cache_root) / key if cache_root is not None else out_dir
-    if cache_root is not None and (folder / "final").is_dir():
-        model, tokenizer = models.load_model_and_tokenizer(folder / "final", dtype=torch.float32)
-        progress(f"SFT start: reusing the cached model {folder} (key {key})")
-    else:
-        work = folder.with_name(f"{folder.name}.tmp-{os.getpid()}") if cache_root is not None else folder
+    payload = warm_start_payload(cfg)
+    key = cache.digest(payload)[:16]
+
+    def build(work: Path) -> None:
+        runs.set_seed(cfg.seed)
         model, tokenizer = models.model_for(cfg, tasks.corpus(train))
         progress(f"model: {cfg.model}, {models.count_parameters(model):,} parameters, vocabulary {len(tokenizer)}; "
                  f"SFT on {len(train)} teacher samples (fork facts {cfg.fork_facts or 'none'} written wrong "
                  f"{cfg.fork_wrong_rate:.0%} of the time)")
         samples = sft_samples(train, error_rate=cfg.sft_error_rate, seed=cfg.data_seed, fork_facts=facts,
                               fork_wrong_rate=cfg.fork_wrong_rate)
-        model = run_sft(model, tokenizer, samples, work, SFTStageConfig.from_experiment(cfg))
-        if cache_root is not None:
-            for sub in work.iterdir():  # keep the model only: checkpoints are not needed by anyone
-                if sub.name != "final":
-                    shutil.rmtree(sub) if sub.is_dir() else sub.unlink()
-            try:
-                os.replace(work, folder)  # atomic: a concurrent run finds a whole model or none
-            except OSError:  # another run got there first: use its model, drop ours
-                shutil.rmtree(work, ignore_errors=True)
+        run_sft(model, tokenizer, samples, work, SFTStageConfig.from_experiment(cfg))
+
+    if cache_root is not None:
+        final, _ = cache.ensure(cache_root, key, payload, build, label="SFT start", progress=progress)
+    else:
+        build(out_dir)
+        final = out_dir / "final"
+    try:
+        model, tokenizer = models.load_model_and_tokenizer(final, dtype=torch.float32)
+    except Exception as err:
+        raise RuntimeError(f"SFT start: cannot load the model in {final}: {type(err).__name__}: {err}") from err
+    runs.set_seed(cfg.seed)  # the start's sampled evaluation, and all that follows, from the config alone
     start = evaluate_heldout(model, tokenizer, heldout, n=cfg.eval_n, temperature=cfg.eval_temperature,
                              top_p=cfg.eval_top_p, max_new_tokens=cfg.max_completion_length, fork_facts=facts)
     if facts:
         start.update(fork_probe(model, tokenizer, facts))
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "sft_start.json").write_text(runs.to_json_text(
-        {"key": key, "model_dir": str(folder / "final"), "start": start}, "sft_start", indent=2) + "\n")
+    runs.write_atomic(out_dir / "sft_start.json", runs.to_json_text(
+        {"key": key, "model_dir": str(final), "start": start}, "sft_start", indent=2) + "\n")
     parts = "".join(f", {k.removeprefix('avg_at_n_')} {start[k]:.3f}" for k in ("avg_at_n_fork", "avg_at_n_rest")
                     if k in start)
     probe = f", p(right digit at the forks) {start['p_correct_fork']:.3f}" if "p_correct_fork" in start else ""
     progress(f"SFT start: held-out avg@{start['n']} at T {cfg.eval_temperature} = {start['avg_at_n']:.3f}{parts}{probe}"
              f" ({time.perf_counter() - clock:.0f}s)")
-    return WarmStart(train, heldout, tokenizer, model, folder / "final", start)
+    return WarmStart(train, heldout, tokenizer, model, final, start)

@@ -78,58 +78,63 @@ def sft_unit(*, start: str, data: str, stage: dict, problems: list[dict], evalua
 _BASE_SOURCES = ("train/sft.py", "models.py")
 
 
-def base_key(cfg, corpus: list[str], samples: list[dict], stage) -> str:
-    """A digest of everything the base model depends on: the model fields of ``cfg`` (``model``, ``tiny_hidden``,
-    ``tiny_layers``, ``vocab_size``, ``seed``), the tokenizer corpus, the samples, the ``SFTStageConfig``, the
-    source of the modules that build it and the versions of torch, transformers and trl."""
+def base_payload(cfg, corpus: list[str], samples: list[dict], stage) -> dict:
+    """Everything the base model depends on: the model fields of ``cfg`` (``model``, ``tiny_hidden``,
+    ``tiny_layers``, ``vocab_size``, ``seed``), digests of the tokenizer corpus and of the samples, the
+    ``SFTStageConfig``, the source of the modules that build it and the versions of torch, transformers and trl
+    (recorded in the cache's manifest)."""
     from dataclasses import asdict
 
-    root = Path(__file__).resolve().parent.parent
-    def digest(obj):
-        return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+    from klear_lib.cache import digest
 
-    payload = {
+    root = Path(__file__).resolve().parent.parent
+    return {
         "model": {f: getattr(cfg, f) for f in ("model", "tiny_hidden", "tiny_layers", "vocab_size", "seed")},
         "corpus": digest(corpus), "samples": digest(samples), "stage": asdict(stage),
         "source": {s: hashlib.sha256((root / s).read_bytes()).hexdigest() for s in _BASE_SOURCES},
         "versions": runs.package_versions(("torch", "transformers", "trl")),
     }
-    return digest(payload)[:16]
+
+
+def base_key(cfg, corpus: list[str], samples: list[dict], stage) -> str:
+    """A digest of ``base_payload``: equal keys, interchangeable base models."""
+    from klear_lib.cache import digest
+
+    return digest(base_payload(cfg, corpus, samples, stage))[:16]
 
 
 def base_model(cfg, corpus: list[str], samples: list[dict], stage, *, cache_root: str | os.PathLike | None,
                out_dir: str | os.PathLike, progress=print) -> Path:
     """The folder of a base model: a fresh ``models.model_for(cfg, corpus)`` after SFT on ``samples`` with
     ``stage``. With ``cache_root`` it is trained once per ``base_key`` into ``cache_root/<key>/final`` and reused
-    (written atomically: a concurrent run finds a whole model or none); without, trained into ``out_dir``.
-    ``out_dir/base.json`` records which model was used."""
+    once ``klear_lib.cache.verify`` checked it against its manifest (written atomically: a concurrent run finds a
+    whole model or none; a damaged or mismatched entry is trained again, with one line saying why); without,
+    trained into ``out_dir``. ``out_dir/base.json`` records which model was used. Either way the random streams
+    are then seeded from ``cfg.seed`` (``runs.set_seed``), so what follows does not depend on whether it trained."""
     import time
 
-    from klear_lib import models
+    from klear_lib import cache, models
     from klear_lib.train.sft import chat_rows, run_sft
 
     clock = time.perf_counter()
-    key = base_key(cfg, corpus, samples, stage)
-    folder = Path(cache_root) / key if cache_root is not None else Path(out_dir)
-    if cache_root is not None and (folder / "final").is_dir():
-        progress(f"base model: reusing the cached model {folder} (key {key})")
-    else:
-        work = folder.with_name(f"{folder.name}.tmp-{os.getpid()}") if cache_root is not None else folder
+    payload = base_payload(cfg, corpus, samples, stage)
+    key = cache.digest(payload)[:16]
+
+    def build(work: Path) -> None:
         runs.set_seed(cfg.seed)
         model, tokenizer = models.model_for(cfg, corpus)
         progress(f"base model: {cfg.model}, {models.count_parameters(model):,} parameters, vocabulary "
                  f"{len(tokenizer)}; SFT on {len(samples)} samples")
         run_sft(model, tokenizer, chat_rows(samples), work, stage)
-        if cache_root is not None:
-            for sub in work.iterdir():
-                if sub.name != "final":
-                    shutil.rmtree(sub) if sub.is_dir() else sub.unlink()
-            try:
-                os.replace(work, folder)
-            except OSError:  # another run got there first: use its model
-                shutil.rmtree(work, ignore_errors=True)
         progress(f"base model trained in {time.perf_counter() - clock:.0f}s")
+
+    if cache_root is not None:
+        final, _ = cache.ensure(cache_root, key, payload, build, label="base model", progress=progress)
+    else:
+        build(Path(out_dir))
+        final = Path(out_dir) / "final"
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "base.json").write_text(json.dumps({"key": key, "model_dir": str(folder / "final")}, indent=2) + "\n")
-    return folder / "final"
+    runs.write_atomic(out_dir / "base.json", json.dumps({"key": key, "model_dir": str(final)}, indent=2) + "\n")
+    runs.set_seed(cfg.seed)
+    return final

@@ -1,0 +1,637 @@
+"""The code reward's hostile corpus: what a policy could write to be paid without solving its problem.
+
+Each probe is a candidate "solution" that does not solve its problem, written as a policy would find it: it
+forges or poisons its result (the judge family), carries work from one test to the next (state), holds more
+memory than one process may (memory), or burns the CPU to starve a neighbour (cpu). Problems have random secret
+expected outputs (nothing can pass them) or, for the state family, an answer that costs about twice the CPU-time
+limit of one test (nothing can pass a test without help from an earlier one).
+
+Every probe is scored the three ways training scores it: ``score_code``; ``RewardPool`` + ``MemoPool`` + the TRL
+reward wrapper, as the RL units build them (``train.code_jobs``); and verl's ``compute_score``. Each must score
+no more than an honest wrong answer to the same problem in the same mode, and nothing may raise. The ``host``
+fixture of ``test_sandbox_hostile`` (the host's files, processes, sockets) checks the host unchanged after each
+test. The figures the probes measure (memory held, an honest sample's score beside a neighbour) are asserted
+here; ``pytest -s`` prints them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import textwrap
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+from test_sandbox_hostile import host_unchanged
+
+from klear_lib.integrations import verl_reward
+from klear_lib.rewards import sandbox, sandbox_cgroup, sandbox_json
+from klear_lib.rewards.code import MODES, failure_score, parse_tests, score_code
+from klear_lib.rewards.pool import MemoPool, RewardPool, make_trl_reward_func
+from klear_lib.rewards.sandbox import run_python_tests
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+# >>> probes (stdlib only from here to the end marker: a script may exec this part against another version)
+
+
+def respond(program: str) -> str:
+    return f"<think>a plan</think>\n```python\n{textwrap.dedent(program)}\n```\n"
+
+
+N_TESTS = 4
+CHAIN_N = 2_300_000  # sha256 iterations: 0.6-0.9 s of CPU, about twice the state family's limit
+STATE_TIMEOUT_S = 0.35
+SEED = secrets.token_bytes(32)
+
+
+def chain(seed: bytes, n: int) -> str:
+    h = seed
+    for _ in range(n):
+        h = hashlib.sha256(h).digest()
+    return h.hex()
+
+
+def problems(chain_hex: str) -> dict[str, list[dict]]:
+    """Each problem's tests: secret random answers, or the costly chain (computed by the caller once)."""
+    return {
+        "stdio": [{"input": f"{i}\n", "output": secrets.token_hex(8)} for i in range(N_TESTS)],
+        "call": [{"fn_name": "f", "args": [i], "expected": secrets.randbelow(10 ** 9)} for i in range(N_TESTS)],
+        "bigcall": [{"fn_name": "f", "args": [i], "expected": secrets.randbits(17_000)} for i in range(N_TESTS)],
+        "chain": [{"input": f"{i}\n", "output": f"{chain_hex}{i}"} for i in range(N_TESTS)],
+    }
+
+
+HONEST_WRONG = {"stdio": "print(0)", "call": "def f(i):\n    return 0", "bigcall": "def f(i):\n    return i",
+                "chain": "print(0)"}
+
+# Finds the old harness's per-test nonce in its frames (a local of the function that called ours), so that a
+# forged record carries it; with no nonce to find, the record is written bare.
+FIND_NONCE = """
+import os, sys
+def tag():
+    frame = sys._getframe()
+    while frame is not None:
+        if 'nonce' in frame.f_locals:
+            return str(frame.f_locals['nonce']) + ' '
+        frame = frame.f_back
+    return ''
+"""
+
+# The state family: continue a hash chain from saved progress, save progress as it goes, print the answer.
+CHAIN_PROGRAM = """
+import hashlib, sys
+N, SEED = {n}, bytes.fromhex('{seed}')
+{channel}
+try:
+    k, h = load()
+except Exception:
+    k, h = 0, SEED
+while k < N:
+    stop = min(N, k + 20000)
+    while k < stop:
+        h = hashlib.sha256(h).digest()
+        k += 1
+    try:
+        save(k, h)
+    except Exception:
+        pass
+print(h.hex() + sys.stdin.read().strip())
+"""
+
+LIBC = """
+import ctypes, ctypes.util
+libc = ctypes.CDLL(None, use_errno=True)
+def pack(k, h):
+    return k.to_bytes(8, 'little') + h
+def unpack(b):
+    return int.from_bytes(b[:8], 'little'), bytes(b[8:40])
+"""
+
+CHANNELS = {
+    "sysv_shm": LIBC + """
+libc.shmat.restype = ctypes.c_void_p
+ID = libc.shmget(0x4B4C, 64, 0o1600)  # IPC_CREAT | 0600
+if ID < 0:
+    raise SystemExit
+ADDR = libc.shmat(ID, None, 0)
+def load():
+    b = ctypes.string_at(ADDR, 40)
+    if b[:8] == bytes(8):
+        raise LookupError
+    return unpack(b)
+def save(k, h):
+    ctypes.memmove(ADDR, pack(k, h), 40)
+""",
+    "sysv_msg": LIBC + """
+ID = libc.msgget(0x4B4D, 0o1600)
+class Msg(ctypes.Structure):
+    _fields_ = [('mtype', ctypes.c_long), ('text', ctypes.c_ubyte * 40)]
+def take():
+    m, last = Msg(), None
+    while libc.msgrcv(ID, ctypes.byref(m), 40, 0, 0o4000) == 40:  # IPC_NOWAIT
+        last = bytes(m.text)
+    return last
+def load():
+    b = take()
+    if b is None:
+        raise LookupError
+    save(*unpack(b))
+    return unpack(b)
+def save(k, h):
+    take()
+    m = Msg(1, (ctypes.c_ubyte * 40)(*pack(k, h)))
+    libc.msgsnd(ID, ctypes.byref(m), 40, 0o4000)
+""",
+    "sysv_sem": LIBC + """
+ID = libc.semget(0x4B4E, 40, 0o1600)
+Vals = ctypes.c_ushort * 40
+def load():
+    v = Vals()
+    if libc.semctl(ID, 0, 13, v) < 0 or not any(v):  # GETALL
+        raise LookupError
+    return unpack(bytes(list(v)))
+def save(k, h):
+    libc.semctl(ID, 0, 17, Vals(*pack(k, h)))  # SETALL
+""",
+    "posix_mq": LIBC + """
+class Attr(ctypes.Structure):
+    _fields_ = [('flags', ctypes.c_long), ('maxmsg', ctypes.c_long), ('msgsize', ctypes.c_long),
+                ('curmsgs', ctypes.c_long), ('pad', ctypes.c_long * 4)]
+rt = ctypes.CDLL(ctypes.util.find_library('rt') or None, use_errno=True)
+QD = rt.mq_open(b'/klear-progress', 0o4102, 0o600, ctypes.byref(Attr(0, 4, 40, 0)))  # O_RDWR|O_CREAT|O_NONBLOCK
+buf = ctypes.create_string_buffer(40)
+def take():
+    last = None
+    while rt.mq_receive(QD, buf, 40, None) == 40:
+        last = buf.raw
+    return last
+def load():
+    b = take()
+    if b is None:
+        raise LookupError
+    save(*unpack(b))
+    return unpack(b)
+def save(k, h):
+    take()
+    rt.mq_send(QD, pack(k, h), 40, 0)
+""",
+    # /tmp behind 1,100 directories (deeper than the recursion limit: the old sweep died on it)
+    "tmp_deep_tree": """
+import os
+def down(make):
+    os.chdir('/tmp')
+    for _ in range(1100):
+        if make and not os.path.isdir('d'):
+            os.mkdir('d')
+        os.chdir('d')
+def load():
+    down(False)
+    with open('progress', 'rb') as f:
+        b = f.read()
+    return int.from_bytes(b[:8], 'little'), b[8:40]
+def save(k, h):
+    down(True)
+    with open('progress.new', 'wb') as f:
+        f.write(k.to_bytes(8, 'little') + h)
+    os.replace('progress.new', 'progress')
+""",
+    # a path longer than PATH_MAX (30 names of 200 characters)
+    "tmp_long_path": """
+import os
+def down(make):
+    os.chdir('/tmp')
+    for _ in range(30):
+        if make and not os.path.isdir('x' * 200):
+            os.mkdir('x' * 200)
+        os.chdir('x' * 200)
+def load():
+    down(False)
+    with open('progress', 'rb') as f:
+        b = f.read()
+    return int.from_bytes(b[:8], 'little'), b[8:40]
+def save(k, h):
+    down(True)
+    with open('progress', 'wb') as f:
+        f.write(k.to_bytes(8, 'little') + h)
+""",
+    # /dev/shm behind a directory the test took every permission from
+    "shm_locked_dir": """
+import os
+P = '/dev/shm/locked'
+def load():
+    os.chmod(P, 0o700)
+    with open(P + '/progress', 'rb') as f:
+        b = f.read()
+    os.chmod(P, 0)
+    return int.from_bytes(b[:8], 'little'), b[8:40]
+def save(k, h):
+    if os.path.isdir(P):
+        os.chmod(P, 0o700)
+    else:
+        os.mkdir(P)
+    with open(P + '/progress', 'wb') as f:
+        f.write(k.to_bytes(8, 'little') + h)
+    os.chmod(P, 0)
+""",
+}
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    family: str
+    problem: str
+    program: str
+    options: dict = field(default_factory=dict)
+
+
+def probes(seed: bytes) -> list[Probe]:
+    forge = FIND_NONCE + """
+def f(i):
+    os.write(3, (tag() + {line!r}).encode('latin-1'))
+    os._exit(0)
+"""
+    judge = [
+        Probe("forged_undecodable_line", "judge", "call", forge.format(line="json [1,\n")),
+        Probe("forged_invalid_utf8", "judge", "call", forge.format(line='json "\xff\xfe"\n')),
+        Probe("forged_huge_int_line", "judge", "call", forge.format(line="json " + "7" * 5000 + "\n")),
+        Probe("forged_two_records", "judge", "call", FIND_NONCE + """
+def f(i):
+    for guess in range(50):
+        os.write(3, (tag() + 'json %d\\n' % guess).encode())
+    return -1
+"""),
+        Probe("nested_3000_deep", "judge", "call", """
+import sys
+def f(i):
+    sys.setrecursionlimit(100000)
+    x = []
+    for _ in range(3000):
+        x = [x]
+    return x
+"""),
+        Probe("huge_int_return", "judge", "call", "def f(i):\n    return 10 ** 5000 + i\n"),
+        Probe("huge_wrong_int_vs_huge_expected", "judge", "bigcall", "def f(i):\n    return 7 ** 6000\n"),
+        Probe("nan_inf_return", "judge", "call", "def f(i):\n    return [float('nan'), float('inf'), -0.0][i % 3]\n"),
+        Probe("result_over_the_cap", "judge", "call", "def f(i):\n    return 'x' * (5 << 20)\n"),
+        Probe("eq_always_true", "judge", "call", """
+class Anything(int):
+    def __eq__(self, other):
+        return True
+    __hash__ = int.__hash__
+    def __repr__(self):
+        raise RuntimeError('no repr')
+def f(i):
+    return {Anything(1): Anything(2)}
+"""),
+        Probe("forged_frames_on_every_fd", "judge", "stdio", """
+import os
+fake = b'0 0 0 0 0 0 0 0 0.0 0.0 6 0 0\\nFORGED'
+for fd in range(64):
+    try:
+        os.write(fd, fake)
+    except OSError:
+        pass
+print('honest', input())
+"""),
+    ]
+    state = [Probe(f"state_{name}", "state", "chain",
+                   CHAIN_PROGRAM.format(n=CHAIN_N, seed=seed.hex(), channel=textwrap.dedent(code)),
+                   {"timeout_s": STATE_TIMEOUT_S}) for name, code in CHANNELS.items()]
+    memory = [
+        Probe("memory_16_processes_x_90_mb", "memory", "stdio", FANOUT, {"memory_mb": 200}),
+        Probe("memory_memfd_128_mb", "memory", "stdio", """
+import os
+fds = []
+for _ in range(8):
+    fd = os.memfd_create('x')
+    os.write(fd, b'\\1' * (16 << 20))
+    fds.append(fd)
+print('held', len(fds) * 16)
+"""),
+        Probe("memory_sysv_shm_1_gb", "memory", "stdio", LIBC + """
+libc.shmat.restype = ctypes.c_void_p
+held = 0
+for k in range(4):
+    i = libc.shmget(0x4B50 + k, 256 << 20, 0o1600)
+    if i < 0:
+        break
+    a = libc.shmat(i, None, 0)
+    ctypes.memset(a, 1, 256 << 20)
+    libc.shmdt(ctypes.c_void_p(a))
+    held += 256
+print('held', held)
+"""),
+    ]
+    cpu = [Probe("cpu_16_busy_processes", "cpu", "stdio", BUSY, {"timeout_s": 0.3})]
+    return judge + state + memory + cpu
+
+
+# Fork 15 children that each touch 90 MB and stay; each time one reports, print how many of those that reported
+# are still alive (holding their 90 MB at once), for 2 s at most.
+FANOUT = """
+import os, select, time
+r, w = os.pipe()
+kids = []
+for _ in range(15):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(b'\\1') * (90 << 20)
+        os.write(w, b'%8d' % os.getpid())
+        time.sleep(30)
+        os._exit(0)
+    kids.append(pid)
+os.close(w)
+alive, holding, until = set(kids), set(), time.monotonic() + 2
+while time.monotonic() < until and select.select([r], [], [], until - time.monotonic())[0]:
+    msg = os.read(r, 8)
+    if not msg:
+        break
+    holding.add(int(msg))
+    for p in list(alive):
+        if os.waitpid(p, os.WNOHANG)[0]:
+            alive.discard(p)  # killed (the memory cap): it holds nothing now
+    os.write(1, b'holding %d\\n' % len(holding & alive))
+"""
+
+# 16 processes spinning until killed.
+BUSY = """
+import os
+for _ in range(4):
+    try:
+        os.fork()
+    except OSError:
+        pass
+while True:
+    pass
+"""
+
+# <<< probes
+
+
+CHAIN_HEX = chain(SEED, CHAIN_N)
+PROBLEMS = problems(CHAIN_HEX)
+PROBES = probes(SEED)
+MODE_LIST = list(MODES)
+REPORT: list[str] = []
+
+
+@pytest.fixture
+def host(tmp_path):
+    """The host checked unchanged after the test (`test_sandbox_hostile.host_unchanged`)."""
+    with host_unchanged(tmp_path) as h:
+        yield h
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report():
+    yield
+    if REPORT:
+        print("\n" + "\n".join(REPORT))
+
+
+@pytest.fixture(scope="module")
+def honest_wrong():
+    """(problem, mode) -> the score of an honest wrong answer (its program is a plain wrong guess)."""
+    scores = {}
+    for problem, program in HONEST_WRONG.items():
+        for mode in MODE_LIST:
+            r = score_code(respond(program), PROBLEMS[problem], mode=mode)
+            assert r.passed == 0 and r.reason == "none_passed", r
+            scores[problem, mode] = r.score
+    return scores
+
+
+def options(probe: Probe) -> dict:
+    return {"timeout_s": 1.0, **probe.options}
+
+
+# --- the problems are fair: they can be passed, and the state probes are exactly too slow -----------------------
+
+def test_the_costly_problem_is_passed_with_time_and_failed_without(host):
+    program = CHAIN_PROGRAM.format(n=CHAIN_N, seed=SEED.hex(), channel="def load():\n    raise LookupError\n"
+                                   "def save(k, h):\n    pass\n")
+    slow = score_code(respond(program), PROBLEMS["chain"][:2], timeout_s=10.0)
+    assert (slow.passed, slow.total) == (2, 2)  # the answers are right: only time stands in the way
+    fast = score_code(respond(program), PROBLEMS["chain"], timeout_s=STATE_TIMEOUT_S)
+    assert (fast.passed, fast.reason) == (0, "timeout")
+    cpu = run_python_tests(program, ["0\n"], timeout_s=10.0)[0].cpu_s
+    assert 1.3 * STATE_TIMEOUT_S < cpu  # more than one test's limit, whatever the load (CPU time)
+    REPORT.append(f"state family: the answer costs {cpu:.2f} s of CPU, {cpu / STATE_TIMEOUT_S:.1f}x the limit")
+
+
+# --- every probe, three ways ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("probe", PROBES, ids=[p.name for p in PROBES])
+def test_probe_through_score_code_pays_no_more_than_a_wrong_answer(probe, honest_wrong, host):
+    mode = MODE_LIST[PROBES.index(probe) % 3]
+    r = score_code(respond(probe.program), PROBLEMS[probe.problem], mode=mode, **options(probe))
+    assert r.passed == 0, r
+    assert r.score <= honest_wrong[probe.problem, mode], r
+    for other in MODE_LIST:  # the same outcome in every mode: 0 passed is the failure score
+        assert MODES[other](r.passed, r.total) == failure_score(other) == honest_wrong[probe.problem, other]
+
+
+UNIT_TIMEOUT_S = 1.0  # the units' test_timeout_s for the probes without limits of their own
+
+
+def unit_reward(pool: RewardPool, mode: str, **score_options):
+    """The RL units' TRL reward function over ``pool`` (as ``train.code_jobs.code_unit`` builds it)."""
+    return make_trl_reward_func(MemoPool(pool), {"tests": "tests"}, f"code_{mode}",
+                                score_kwargs={"mode": mode, **score_options})
+
+
+def unit_pool(mode: str, test_timeout_s: float, workers: int = 2) -> RewardPool:
+    """The RL units' pool (``train.code_jobs.code_unit``): score_code, their per-item limit, the mode's failure
+    score."""
+    return RewardPool(score_code, workers=workers, timeout_s=test_timeout_s * 20 + 5,
+                      failure_score=failure_score(mode))
+
+
+@pytest.fixture(scope="module")
+def signed_pool():
+    with unit_pool("signed", UNIT_TIMEOUT_S) as pool:  # started before any host snapshot: its workers are not new
+        yield pool
+
+
+@pytest.mark.slow
+def test_every_probe_through_the_units_pool_pays_no_more_than_a_wrong_answer(signed_pool, honest_wrong, host):
+    # Signed mode: where a judge crash used to pay (the pool's 0.0 against an honest wrong answer's -1). One TRL
+    # batch per set of probe limits (the units pass their limits as score_kwargs).
+    # The tests go in as a record's ground truth arrives (parse_tests): MemoPool's key is json.dumps of the item,
+    # which refuses a plain int of more than 4,300 digits, and parse_tests gives such ints as LongInt.
+    groups: dict[str, list[Probe]] = {}
+    for p in PROBES:
+        groups.setdefault(json.dumps(options(p), sort_keys=True), []).append(p)
+    for opts, batch in groups.items():
+        reward = unit_reward(signed_pool, "signed", **json.loads(opts))
+        scores = reward([respond(p.program) for p in batch],
+                        tests=[parse_tests(ground_truth_json(PROBLEMS[p.problem])) for p in batch])
+        for p, score, res in zip(batch, scores, reward.last_results):
+            assert score <= honest_wrong[p.problem, "signed"], (p.name, res)
+            assert res.passed == 0 and res.reason not in ("error", "judge_error", "worker_died"), (p.name, res)
+
+
+@pytest.mark.slow
+def test_a_failure_of_the_pool_scores_an_honest_wrong_answer_in_every_mode(signed_pool, honest_wrong, host):
+    # A program that only waits, on 16 tests: each test meets its wall-clock backstop, the sample outlives the
+    # units' per-item limit (20 x the test timeout + 5 s) and the pool kills it. Its score is the mode's failure
+    # score, that of an honest wrong answer, in every mode (signed_pool: the spawn machinery already runs).
+    tests = [{"input": f"{i}\n", "output": "x"} for i in range(16)]
+    results = {}
+
+    def judge(mode):
+        with unit_pool(mode, 0.2, workers=1) as pool:
+            reward = unit_reward(pool, mode, timeout_s=0.2)
+            results[mode] = reward([respond("import time\ntime.sleep(60)")], tests=[tests]), reward.last_results
+
+    threads = [threading.Thread(target=judge, args=(m,)) for m in MODE_LIST]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for mode, ([score], [res]) in results.items():
+        assert res.reason == "timeout"  # the pool's own
+        assert score == failure_score(mode) == honest_wrong["stdio", mode]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("probe", PROBES, ids=[p.name for p in PROBES])
+def test_probe_through_verl_pays_no_more_than_a_wrong_answer(probe, honest_wrong, host, monkeypatch):
+    # verl calls score_code with its defaults (6 s per test); the probe's own limits are the one change.
+    mode = MODE_LIST[(PROBES.index(probe) + 1) % 3]
+    monkeypatch.setenv("KLEAR_CODE_REWARD", mode)
+    monkeypatch.setattr("klear_lib.rewards.code.score_code",
+                        lambda response, tests, **kw: score_code(response, tests, **kw, **options(probe)))
+    truth = ground_truth_json(PROBLEMS[probe.problem])
+    out = verl_reward.compute_score("coder1_longcot", respond(probe.program), truth)
+    assert out["score"] <= honest_wrong[probe.problem, mode] and out["acc"] == 0.0, out
+
+
+def ground_truth_json(tests) -> str:
+    """JSON text of tests whose ints may pass Python's 4,300-digit limit (a record's ground truth)."""
+    def dumps(v):
+        if isinstance(v, sandbox_json.LongInt):
+            return v.text
+        if isinstance(v, list):
+            return "[" + ", ".join(map(dumps, v)) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{json.dumps(k)}: {dumps(x)}" for k, x in v.items()) + "}"
+        return json.dumps(v)
+    return dumps(sandbox_json.normalize_expected(tests))
+
+
+# --- the figures: memory one sample can hold, an honest sample beside a busy neighbour ---------------------------
+
+def tree_rss() -> int:
+    """Resident bytes of every process below this one (shared pages count once per process: an over-estimate)."""
+    stats = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            tail = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        stats[int(p)] = (int(tail[1]), int(tail[21]))
+    total, frontier = 0, {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, (ppid, _) in stats.items() if ppid in frontier}
+        total += sum(stats[p][1] for p in frontier)
+    return total * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture(params=["auto", "off"])
+def cgroup_mode(request, monkeypatch):
+    """Both ways a sample is bounded: its own cgroup where the machine allows one (``auto``), and the zygote's
+    polling (``off``, the fallback)."""
+    monkeypatch.setenv(sandbox_cgroup.ENV_VAR, request.param)
+    if request.param == "auto" and sandbox_cgroup.setup() is None:
+        pytest.skip(f"no usable cgroup here: {sandbox_cgroup.status()['why']}")
+    return request.param
+
+
+@pytest.mark.slow
+def test_the_memory_of_one_sample_is_capped(cgroup_mode, host):
+    # 15 children x 90 MB (+ the parent) at memory_mb=200: before, 1,350 MB held at once (16 x 200 MB allowed).
+    cap_mb = sandbox.sample_memory_default_mb(200, 64, 1 << 20)
+    peak, done = [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], tree_rss())
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        [r] = run_python_tests(FANOUT, [""], timeout_s=5.0, memory_mb=200, max_output_bytes=1 << 20)
+    finally:
+        done.set()
+        sampler.join()
+    held = max([int(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("holding")] or [0])
+    REPORT.append(f"memory ({cgroup_mode}): cap {cap_mb} MiB at memory_mb=200; the program held {held} x 90 MB at "
+                  f"once; peak RSS sum of the sandbox {peak[0] >> 20} MiB")
+    assert held * 90 <= cap_mb
+    assert r.memory_exceeded
+    assert peak[0] < 2 * (cap_mb << 20)  # resident pages, shared ones counted per process: far from 1,445 MiB
+    # What no rlimit counts is refused outright: memfds and SysV shared memory.
+    leaks = run_python_tests("import os\ntry:\n    os.memfd_create('x')\nexcept OSError as e:\n    print(e.errno)\n"
+                             + LIBC + "print(libc.shmget(0, 1 << 20, 0o1600), ctypes.get_errno())\n", [""])
+    assert leaks[0].stdout.split() == ["1", "-1", "1"]  # EPERM
+
+
+HONEST_WORK = 1_500_000  # iterations of the honest program: about 0.25 s of CPU per test on this machine
+
+
+def honest_problem():
+    program = f"n = int(input())\ns = 0\nfor i in range({HONEST_WORK}):\n    s += i * n % 7\nprint(s)\n"
+    tests = [{"input": f"{n}\n", "output": str(sum(i * n % 7 for i in range(HONEST_WORK)))} for n in range(1, 5)]
+    return program, tests
+
+
+@pytest.mark.slow
+def test_an_honest_sample_keeps_its_score_beside_a_busy_neighbour(cgroup_mode, host):
+    # Before, with wall-clock limits, the same honest sample scored 1.0 alone and 0.0 beside this neighbour.
+    program, tests = honest_problem()
+    alone = score_code(respond(program), tests, timeout_s=1.0)
+    stop = threading.Event()
+    neighbours = []
+
+    def neighbour():
+        while not stop.is_set():
+            neighbours.append(score_code(respond(BUSY), [{"input": "", "output": "x"}] * 4, timeout_s=0.5))
+
+    thread = threading.Thread(target=neighbour)
+    thread.start()
+    try:
+        time.sleep(1.0)  # the neighbour's 16 processes are spinning
+        beside = score_code(respond(program), tests, timeout_s=1.0)
+    finally:
+        stop.set()
+        thread.join()
+    REPORT.append(f"cpu ({cgroup_mode}): honest sample alone {alone.score}, beside a 16-process neighbour "
+                  f"{beside.score}; the neighbour {neighbours[0].score} ({neighbours[0].reason})")
+    assert alone.score == beside.score == 1.0, (alone, beside)
+    assert all(n.passed == 0 and n.reason == "timeout" for n in neighbours)
+
+
+# --- big integers compare exactly, through every path -----------------------------------------------------------
+
+def test_big_integers_compare_exactly(host, monkeypatch):
+    right = "def f(i):\n    return 7 ** (6000 + i)\n"
+    off_by_one = "def f(i):\n    return 7 ** (6000 + i) + 1\n"
+    tests = [{"fn_name": "f", "args": [i], "expected": 7 ** (6000 + i)} for i in range(3)]  # 5,071+ digits
+    assert score_code(respond(right), tests).passed == 3
+    assert score_code(respond(off_by_one), tests).passed == 0
+    monkeypatch.setenv("KLEAR_CODE_REWARD", "hard")
+    ground_truth = ground_truth_json(tests)
+    assert verl_reward.compute_score("coder1_longcot", respond(right), ground_truth) == {"score": 1.0, "acc": 1.0}
+    assert verl_reward.compute_score("coder1_longcot", respond(off_by_one), ground_truth)["score"] == 0.0
+    # stdin/stdout: the program may print a big int as Python < 3.11 did (the tests' reference solutions)
+    stdio = [{"input": "20000\n", "output": ground_truth_json([2 ** 20000])[1:-1] + "\n"}]
+    assert score_code(respond("print(2 ** int(input()))"), stdio).passed == 1

@@ -1,0 +1,69 @@
+"""The RL notebooks' SFT warm start (train.sft.arithmetic_warm_start): a run that reuses the cached model is the same
+experiment as the run that trained it (the same sft_start.json, the same random streams after it, the same first
+rollout), and a damaged cache entry (zeroed at the same size, truncated) is trained again, with one line saying why,
+to the same start, instead of being reused silently or failing every later run."""
+
+import json
+import random
+
+import numpy as np
+import torch
+
+from klear_lib import runs
+from klear_lib.config import RLExperimentConfig
+from klear_lib.train import rl_jobs
+from klear_lib.train.sft import arithmetic_warm_start, warm_start_key
+
+CFG = dict(tiny_hidden=32, tiny_layers=1, vocab_size=400, n_train=128, n_heldout=8, levels="1", sft_epochs=1.0,
+           sft_batch_size=16, sft_lr=1e-2, fork_facts="", eval_n=4, eval_temperature=1.0, max_completion_length=16,
+           rollouts=1, rollout_prompts=2, mini_batch_prompts=1, num_generations=4, eval_every=1, filter_groups=False,
+           sft_alpha=0.0)
+TIMING = {"step_time", "seconds"}
+
+
+def streams():
+    """The next draws of every global random stream (torch, Python, numpy)."""
+    return torch.rand(4).tolist(), random.random(), float(np.random.rand())
+
+
+def scramble():
+    """Whatever ran before in the process (other draws, another experiment): it must not matter."""
+    torch.manual_seed(12345)
+    torch.rand(1000)
+    random.seed(12345)
+    np.random.seed(12345)
+
+
+def first_rollout(ws, path):
+    rl_jobs.rl_unit(config=CFG, start=str(ws.sft_dir), tags={"seed": 0}, metrics_path=str(path))
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in runs.read_metrics(path)]
+
+
+def test_a_cache_hit_is_the_same_experiment_as_the_miss_and_damage_retrains(tmp_path):
+    cfg = RLExperimentConfig.from_params(CFG)
+    cache_root, said = tmp_path / "cache", []
+    miss = arithmetic_warm_start(cfg, tmp_path / "miss", cache_root=cache_root, progress=said.append)
+    after_miss = streams()
+    scramble()
+    hit = arithmetic_warm_start(cfg, tmp_path / "hit", cache_root=cache_root, progress=said.append)
+    after_hit = streams()
+    assert sum("reusing the cached model" in s for s in said) == 1
+    start_text = (tmp_path / "miss" / "sft_start.json").read_text()
+    assert (tmp_path / "hit" / "sft_start.json").read_text() == start_text
+    assert miss.start == hit.start and after_miss == after_hit
+    rollout = first_rollout(miss, tmp_path / "miss.jsonl")
+    assert rollout and first_rollout(hit, tmp_path / "hit.jsonl") == rollout
+
+    weights = cache_root / warm_start_key(cfg) / "final" / "model.safetensors"
+    original = weights.read_bytes()
+    for damage, words in ((lambda b: bytes(len(b)), "differs from the manifest's sha256"),
+                          (lambda b: b[: len(b) // 2], "(truncated or replaced)")):
+        weights.write_bytes(damage(original))
+        said.clear()
+        scramble()
+        again = arithmetic_warm_start(cfg, tmp_path / "again", cache_root=cache_root, progress=said.append)
+        lines = [s for s in said if "not reusing" in s]
+        assert len(lines) == 1 and words in lines[0] and str(weights.parent.parent) in lines[0], said
+        assert weights.read_bytes() == original  # trained again, bit for bit the same model (CPU)
+        assert json.loads((tmp_path / "again" / "sft_start.json").read_text()) == json.loads(start_text)
+        assert again.start == miss.start and streams() == after_miss
