@@ -296,8 +296,10 @@ def test_a_registered_benchmark_brings_its_judge_and_prelude(registry):
 def test_judge_pools_are_set_up_by_the_benchmark(registry):
     register_benchmark(BenchmarkSpec("doubling", CODE_JUDGE, 4, _two_problems, (), False))
     with open_judge_pool(load_benchmark("doubling"), workers=1, timeout_s=2.0) as pool:
-        # every test of the largest problem (2) at the judge's 2 s + 1 s each, plus 10 s for the sandbox
-        assert (pool.score_fn, pool.timeout_s, pool.group_key) == (score_code, 2 * 3.0 + 10.0, None)
+        # the sandbox's own deadline for the largest problem (2 tests at the judge's 2 s), plus 5 s of start-up
+        from klear_lib.rewards.sandbox import sample_budget_s
+
+        assert (pool.score_fn, pool.timeout_s, pool.group_key) == (score_code, sample_budget_s(2, 2.0) + 5.0, None)
     with open_judge_pool(load_benchmark("tiny_arithmetic", limit=1), workers=1) as pool:
         assert (pool.score_fn, pool.group_key) == (score_math, "gold")
 

@@ -450,7 +450,9 @@ def unit_reward(pool: RewardPool, mode: str, **score_options):
 def unit_pool(mode: str, test_timeout_s: float, workers: int = 2) -> RewardPool:
     """The RL units' pool (``train.code_jobs.code_unit``): score_code, their per-item limit, the mode's failure
     score."""
-    return RewardPool(score_code, workers=workers, timeout_s=test_timeout_s * 20 + 5,
+    from klear_lib.train.code_jobs import pool_limit_s
+
+    return RewardPool(score_code, workers=workers, timeout_s=pool_limit_s(test_timeout_s),
                       failure_score=failure_score(mode))
 
 
@@ -480,14 +482,15 @@ def test_every_probe_through_the_units_pool_pays_no_more_than_a_wrong_answer(sig
 
 @pytest.mark.slow
 def test_a_failure_of_the_pool_scores_an_honest_wrong_answer_in_every_mode(signed_pool, honest_wrong, host):
-    # A program that only waits, on 16 tests: each test meets its wall-clock backstop, the sample outlives the
-    # units' per-item limit (20 x the test timeout + 5 s) and the pool kills it. Its score is the mode's failure
-    # score, that of an honest wrong answer, in every mode (signed_pool: the spawn machinery already runs).
+    # A program that only waits, on 16 tests: each test meets its wall-clock backstop, the sample outlives a pool
+    # limit set below the sandbox's own deadline (the units' limit is above it: code_jobs.pool_limit_s) and the pool
+    # kills it. Its score is the mode's failure score, that of an honest wrong answer, in every mode (signed_pool:
+    # the spawn machinery already runs).
     tests = [{"input": f"{i}\n", "output": "x"} for i in range(16)]
     results = {}
 
     def judge(mode):
-        with unit_pool(mode, 0.2, workers=1) as pool:
+        with RewardPool(score_code, workers=1, timeout_s=3.0, failure_score=failure_score(mode)) as pool:
             reward = unit_reward(pool, mode, timeout_s=0.2)
             results[mode] = reward([respond("import time\ntime.sleep(60)")], tests=[tests]), reward.last_results
 

@@ -64,14 +64,23 @@ class SignalLog:
         return {k: sum(d[k] for d in done) / len(done) for k in done[0]}
 
 
+def pool_limit_s(test_timeout_s: float) -> float:
+    """The units' reward pool's limit per sample: the sandbox's own deadline for the most tests a sample runs
+    (``CodeRewardOptions.max_tests``), plus the judge's start-up; a slow program is then judged by the sandbox (a
+    wrong answer with its reason), never abandoned by the pool (a replaced worker)."""
+    from klear_lib.rewards import sandbox
+    from klear_lib.rewards.code import CodeRewardOptions
+
+    return sandbox.sample_budget_s(CodeRewardOptions.max_tests, test_timeout_s) + 5.0
+
+
 def code_unit(*, config: dict, start: str, reward_mode: str, branches: int, reward_workers: int, test_timeout_s: float,
               tags: dict, metrics_path: str) -> dict:
     """RL from the SFT model saved at ``start`` with ``config`` (``RLExperimentConfig`` fields; ``seed`` is the
     run's, ``filter_rule`` the group filter), rewards ``score_code`` in ``reward_mode`` (soft / hard / signed).
     Records tagged with ``tags``; returns the last evaluation, the reward reasons and the sandbox counts."""
     from klear_lib.evaluation.code_heldout import evaluate_code_heldout
-    from klear_lib.rewards import sandbox
-    from klear_lib.rewards.code import CodeRewardOptions, failure_score, score_code
+    from klear_lib.rewards.code import failure_score, score_code
     from klear_lib.rewards.pool import MemoPool, RewardPool, make_trl_reward_func
     from klear_lib.train.rl import run_rl
 
@@ -79,9 +88,7 @@ def code_unit(*, config: dict, start: str, reward_mode: str, branches: int, rewa
     train, heldout = tasks.make_branch_code_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, branches)
     runs.set_seed(cfg.seed)
     model, tok = models.load_model_and_tokenizer(start, dtype=torch.float32)
-    # the pool's limit per sample covers the sandbox's own deadline for the most tests a sample runs, plus start-up
-    limit_s = sandbox.sample_budget_s(CodeRewardOptions.max_tests, test_timeout_s) + 5.0
-    with RewardPool(score_code, workers=reward_workers, timeout_s=limit_s,
+    with RewardPool(score_code, workers=reward_workers, timeout_s=pool_limit_s(test_timeout_s),
                     failure_score=failure_score(reward_mode)) as raw_pool:  # a pool failure = an honest wrong
         pool = MemoPool(raw_pool)
         reward = make_trl_reward_func(pool, {"tests": "tests"}, f"code_{reward_mode}",
