@@ -140,6 +140,8 @@ GLOSSARY.update({
     "mode": ("correctness mode", "only_true, only_true_matched (upsampled to mixed's count) or mixed (a tag)"),
     "reward_mode": ("code reward", "soft (share of tests passed), hard (all or nothing) or signed (a tag)"),
     "filter_rule": ("group filter", "klear (the all-tests indicator varies) or dapo (the rewards vary) (a tag)"),
+    "regime": ("code-reward regime", "main (the SFT teacher errs on 40% of values) or sparse (60%: full passes rare), "
+               "notebook 05 (a tag)"),
     # -- tags that every record of a unit carries -----------------------------------------------------------------
     "variant": ("arm", "the arm of the ablation (a tag)"),
     "seed": ("seed", "the run's seed (a tag)"),
