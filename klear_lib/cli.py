@@ -120,8 +120,11 @@ def list_notebooks(notebooks_dir: str | os.PathLike) -> list[pathlib.Path]:
     return sorted(p for p in pathlib.Path(notebooks_dir).glob("*.ipynb") if not p.name.startswith("."))
 
 
+NOT_PRESETS = {"claims"}  # params/<notebook>/claims.yaml: the notebook's declared claims, not a preset
+
+
 def list_presets(name: str, params_dir: str | os.PathLike) -> list[str]:
-    found = {p.stem for p in (pathlib.Path(params_dir) / name).glob("*.yaml")}
+    found = {p.stem for p in (pathlib.Path(params_dir) / name).glob("*.yaml")} - NOT_PRESETS
     known = [p for p in PRESET_ORDER if p in found]
     return known + sorted(found - set(known))
 

@@ -179,6 +179,9 @@ class RLExperimentConfig(TaskModelConfig):
     ``max_num_gen_batches``); a rollout that keeps fewer makes fewer optimizer steps."""
     random_stop_frac: float = 0.0
     """The ERC control (notebook 04): each response token loses its policy gradient with this probability."""
+    random_stop_classes: str = ""
+    """The ERC control matched per token class (notebook 04): ``"low/fork:0.02,mid/rest:0.05,..."``, a stop
+    probability per rollout-entropy bucket and fork/rest (``KlearLossConfig.random_stop_classes``)."""
     rollouts: int = 10
     """Rollouts (generation rounds). Each makes up to rollout_prompts / mini_batch_prompts optimizer steps: one per
     packed mini-batch of kept groups."""
@@ -222,7 +225,10 @@ class RLExperimentConfig(TaskModelConfig):
     fp32 and rounds log-probs (and so importance ratios) by ~1e-3."""
     # -- evaluation (reference section 7) ------------------------------------------------------------------------
     eval_every: int = 2
-    """Evaluate held-out avg@n every this many rollout batches (and before RL)."""
+    """Evaluate held-out avg@n every this many rollout batches (and before RL, unless ``eval_start`` is off)."""
+    eval_start: bool = True
+    """Evaluate before the first rollout. Off where every arm starts from one shared model whose evaluation the
+    notebook already has (the warm start's): the same numbers would be sampled again in every unit."""
     eval_n: int = 4
     """Samples per held-out problem (paper: 64 for AIME)."""
     eval_temperature: float = 0.6

@@ -89,6 +89,14 @@ GLOSSARY.update({
                              "correct chain up to the fork), temperature 1 (klear_lib.evaluation.heldout.fork_probe)"),
     "klear/p_wrong_fork": ("p(teacher's wrong digit) at the forks", "as klear/p_correct_fork, for the fork fact's "
                            "wrong digit"),
+    "klear/p_correct_rest": ("p(right digit) off the forks", "mean over every step of the first 32 held-out "
+                             "problems that need no fork fact of π_θ(right result digit | the correct chain up to it), "
+                             "temperature 1 (klear_lib.evaluation.heldout.rest_probe): what the start already knows"),
+    "klear/token_share/*": ("share of a token class", "Σ m·[class c] / Σ m, c = the old entropy's bucket (low < 0.1 ≤ "
+                            "mid < 1 ≤ high nats) / fork or rest (the fork facts' result digits or not)"),
+    "klear/stopped_frac/*": ("stopped share of a token class", "Σ m·[class c]·[stopped] / Σ m·[class c]: stopped = "
+                             "ERC's ρ outside its bounds, or the random control's draw (a token class as in "
+                             "klear/token_share/*)"),
     "reward": ("mean reward (rollout)", "mean over the rollout's generated completions of the weighted reward (TRL)"),
     "reward_std": ("reward std (rollout)", "mean over groups of the std of the rewards in a group (TRL)"),
     "frac_reward_zero_std": ("groups with one reward", "share of generated groups whose rewards all agree (TRL)"),
@@ -132,6 +140,8 @@ GLOSSARY.update({
     "mode": ("correctness mode", "only_true, only_true_matched (upsampled to mixed's count) or mixed (a tag)"),
     "reward_mode": ("code reward", "soft (share of tests passed), hard (all or nothing) or signed (a tag)"),
     "filter_rule": ("group filter", "klear (the all-tests indicator varies) or dapo (the rewards vary) (a tag)"),
+    "regime": ("code-reward regime", "main (the SFT teacher errs on 40% of values) or sparse (60%: full passes rare), "
+               "notebook 05 (a tag)"),
     # -- tags that every record of a unit carries -----------------------------------------------------------------
     "variant": ("arm", "the arm of the ablation (a tag)"),
     "seed": ("seed", "the run's seed (a tag)"),

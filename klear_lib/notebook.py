@@ -187,6 +187,33 @@ def require(namespace: Mapping[str, Any], *, counts: tuple[str, ...] = (), posit
             raise ValueError(f"{key} = {namespace[key]!r}: expected a number in [0, 1]")
 
 
+CLAIMS_FILE = "claims.yaml"  # beside a notebook's presets: its claims, declared before any training
+
+
+def declared_claims(name: str) -> dict[str, dict]:
+    """Notebook ``name``'s claims as declared in ``params/<name>/claims.yaml`` (``claims.load_declared``): read
+    in the config cell, before any training, and written into the run's config."""
+    folder = params_dir()
+    if folder is None:
+        raise FileNotFoundError(f"{name}: no params/ folder to read {CLAIMS_FILE} from (set {PARAMS_DIR_ENV})")
+    return claims_mod.load_declared(folder / name / CLAIMS_FILE)
+
+
+def claims_frame(claim_list: list[dict]):
+    """The claims as a table to read: role, effect and its 95% interval, p (adjusted for secondaries), the MDE,
+    seeds and verdict (a check's pass/fail)."""
+    import pandas as pd
+
+    rows = []
+    for c in claim_list:
+        paired = "ci_low" in c
+        rows.append({"id": c["id"], "role": c["role"], "effect": c["effect"],
+                     "95% interval": f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]" if paired else "",
+                     "p": c.get("p_adjusted", c.get("p_value")), "mde": c.get("mde"), "seeds": c["seeds"],
+                     "verdict": c["verdict"]})
+    return pd.DataFrame(rows).round(4)
+
+
 BESIDE_PAPER_FIELDS = ("caption", "columns", "rows")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from klear_lib.advantages import FILTER_RULES, STD_MODES
-from klear_lib.losses import AGG_MODES, POLICY_LOSSES, PolicyLossConfig
+from klear_lib.losses import AGG_MODES, ENTROPY_BUCKETS, POLICY_LOSSES, PolicyLossConfig
 
 
 @dataclass
@@ -50,11 +50,32 @@ class KlearLossConfig:
     """A control for ERC, not a method: each response token loses its policy-gradient (keeps its value and its
     place in the token-mean) with this probability, drawn from the trainer's own seeded generator. Set to the
     fraction ERC stopped, it separates "ERC stops the right tokens" from "ERC stops some tokens"."""
+    random_stop_classes: str = ""
+    """The same control, matched to where ERC stops: a stop probability per token class, ``"low/fork:0.02,
+    low/rest:0.01,..."``, the classes being the rollout policy's entropy bucket (``losses.ENTROPY_BUCKETS`` by the
+    old entropy: low, mid, high) and whether the token is a focus ("fork") token or not ("rest"); a class not named
+    is never stopped. Exclusive with ``random_stop_frac``."""
     logprob_backend: str = "klear"
     """Where per-token log-probs and entropies come from: ``klear`` (``klear_lib.logprobs``: chunked over tokens,
     the LM head's logits recomputed in backward; run inside the wrapped model's forward, so DDP, FSDP and ZeRO see
     the head; text-only models without logit scaling) or ``trl`` (TRL 1.16's fused LM head). Both avoid (B, T, V)
     logits; tests check they agree to 1e-5."""
+
+    def stop_classes(self) -> dict[str, float]:
+        """``random_stop_classes`` as ``{"low/fork": p, ...}``; errors name the entry and the valid classes."""
+        out: dict[str, float] = {}
+        valid = [f"{b}/{part}" for b, _, _ in ENTROPY_BUCKETS for part in ("fork", "rest")]
+        for entry in filter(None, (e.strip() for e in self.random_stop_classes.split(","))):
+            name, sep, value = entry.partition(":")
+            try:
+                p = float(value)
+            except ValueError:
+                p = float("nan")
+            if not sep or name.strip() not in valid or not 0 <= p < 1:
+                raise ValueError(f"KlearLossConfig.random_stop_classes: entry {entry!r} must be CLASS:P with CLASS "
+                                 f"one of {valid} and P in [0, 1)")
+            out[name.strip()] = p
+        return out
 
     def __post_init__(self) -> None:
         def bad(name: str, must: str) -> ValueError:
@@ -76,6 +97,9 @@ class KlearLossConfig:
             raise bad("adv_eps", "be >= 0")
         if not 0 <= self.random_stop_frac < 1:
             raise bad("random_stop_frac", "be in [0, 1)")
+        classes = self.stop_classes()  # raises on a malformed table
+        if classes and self.random_stop_frac > 0:
+            raise bad("random_stop_classes", "be empty when random_stop_frac is set (one control at a time)")
         if not self.oversample_factor >= 1:
             raise bad("oversample_factor", "be >= 1 (1: generate exactly the target prompt count)")
         n = self.max_gen_batches

@@ -8,23 +8,24 @@
 # \text{token } t \text{ keeps its gradient iff } \rho_t \in (\beta_{\text{low}}, \beta_{\text{high}}) $$
 #
 # The stopped tokens keep their loss value and their place in the token-mean denominator. The paper reports that
-# ERC stabilises entropy and gradient norms and improves accuracy, on DAPO (clip 0.2/0.28) and on GPPO (0.2/0.2),
-# with bounds (0.8, 1.2) in its config and (0.95, 1.05) in its scripts; a third-party summary adds that ERC stops
-# about 20% of tokens, mostly low-entropy ones, where PPO-clip clips about 0.02%.
+# ERC stabilises entropy and gradient norms and improves accuracy, on DAPO (clip 0.2/0.28) and on GPPO, with bounds
+# (0.8, 1.2) in its config and (0.95, 1.05) in its scripts.
+#
+# **What this notebook tests** (declared before the run in `params/04_erc_bounds/claims.yaml`). The paper's claim is
+# about stability, so the primary read-out is stability: the area under the exact **rest probe**
+# `klear/p_correct_rest` (the probability of the right result digit at every step of 32 held-out problems that need
+# no fork fact: what the SFT start already knows, ≈0.99) over the rollouts, ERC (0.8, 1.2) − DAPO, paired by seed,
+# at a learning rate where DAPO alone loses some of it. Fork accuracy, which ERC must slow (it stops the very
+# corrections a moving mode needs), is shown but is not the claim. Secondary claims (Holm-adjusted): ERC against a
+# random mask, against half the learning rate, and the fluctuation of the gradient norm from rollout to rollout.
 #
 # **Why controls.** Stopping the gradient of some tokens while keeping them in the denominator shrinks the update
-# whatever the criterion: the gradient norm and its fluctuation fall with the stopped fraction alone. So ERC is
-# compared not only with DAPO but with **DAPO plus a random token mask at the fraction ERC stopped** (the control
-# for "fewer gradients") and with **DAPO at half the learning rate** (the control for "smaller steps"). A claim
-# that ERC stabilises training survives only if ERC beats those too. And a stabiliser needs something unstable:
-# the baseline here runs at a learning rate where DAPO without ERC loses accuracy it had (notebook 03's start, a
-# learning rate 2.8× 03's first, 8 off-policy updates per rollout).
-#
-# **Read-outs** (per seed, then paired differences with bootstrap intervals): the coefficient of variation of the
-# gradient norm (std/mean over steps: a scale-free fluctuation, not the raw spread that shrinks with the norm), the
-# largest rollout-to-rollout change of the mean entropy, the collapse rate (held-out accuracy ending below the
-# start, or the entropy rising above `collapse_entropy_factor` × its first value), final and area-under-curve
-# held-out accuracy.
+# whatever the criterion. So ERC is compared with **DAPO plus a random token mask matched to where ERC stops**: in
+# each bucket of the rollout policy's entropy (low < 0.1 ≤ mid < 1 ≤ high nats) and on fork and other tokens
+# separately, the mask stops the share ERC stopped there (the control for "fewer gradients, in the same places"), and
+# with **DAPO at half the learning rate** (the control for "smaller steps"). A claim that ERC stabilises survives
+# only if ERC beats those too. The gradient-norm fluctuation is taken over per-rollout means, so that ERC's own
+# sawtooth inside a rollout (more tokens stopped the further the policy has moved) does not count.
 #
 # **A noise-floor probe.** The paper computes old entropies in its inference engine and new ones in training, in
 # bf16; two passes that disagree by rounding give ρ ≠ 1 with no policy change at all. The probe measures, on one
@@ -32,38 +33,36 @@
 # pass. This project computes both in fp32 with the same code, so it has no such floor; the probe says how much
 # of a "≈20% of tokens" such noise could be on this model.
 #
-# **What the tiny stand-in can and cannot show.** It can show whether ERC's criterion adds anything over random
-# masking and a smaller step when training wobbles, on a 1M-parameter model. It cannot show the paper's entropy
+# **What the tiny stand-in can and cannot show.** It can show whether ERC's criterion adds anything over a matched
+# random mask and a smaller step when training wobbles, on a 1M-parameter model. It cannot show the paper's entropy
 # dynamics over thousands of steps of a 7B model, nor bf16 noise of a large model (whose logits are far less exact
 # than this one's).
 
 # %% tags=["parameters"]
 # Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
-variants = "dapo,dapo_erc_0.8_1.2,dapo_erc_0.95_1.05,dapo_random_mask,dapo_half_lr,gppo,gppo_erc_0.8_1.2"
-random_mask_matches = "dapo_erc_0.95_1.05"     # the ERC arm whose stopped fraction the random mask copies
-seeds = "0,1,2,3"
+arms = "dapo,dapo_erc_0.8_1.2,dapo_random_mask,dapo_half_lr"
+seeds = "0,1,2,3,4,5,6,7"
 model = "tiny"
 n_train = 6000
 n_heldout = 128
 levels = "1,2,3,4"
-sft_lr = 2e-3
+sft_lr = 2.0e-3
 sft_epochs = 2.0
 sft_batch_size = 32
 fork_facts = "2+3->6,5+1->7,7+2->8,9+3->1"
 fork_wrong_rate = 0.8
-rollouts = 6
+rollouts = 8
 rollout_prompts = 8
 mini_batch_prompts = 1                         # 8 off-policy updates per rollout
 oversample_factor = 2.0
 max_gen_batches = 1
 num_generations = 8
 max_completion_length = 56
-rl_lr = 1.4e-4                                 # high enough that DAPO alone collapses in some seeds (03: 5e-5, 1e-4)
-eval_every = 2
-eval_n = 4
+rl_lr = 1.4e-4                                 # high enough that DAPO alone loses some of what it knew
+eval_n = 4                                     # held-out samples per problem, after the last rollout
 eval_temperature = 0.6
-collapse_entropy_factor = 3.0                  # an entropy above this × its first step's value counts as a collapse
+collapse_drop = 0.05                           # a run whose rest probe ends this far below the start collapsed
 probe_prompts = 32                             # the noise-floor probe's prompts, 4 completions each
 workers = 2
 report_to = "none"                             # or tensorboard / trackio / wandb (installed): <run dir>/tracking
@@ -73,8 +72,9 @@ bf16 = False
 
 # %% [markdown]
 # ## Configuration
-# Every arm is a diff against one base config: the loss and its clip range, the ERC bounds, the random mask, or the
-# learning rate.
+# Every arm is a diff against one base config: the ERC bounds, the random mask, or the learning rate. The held-out
+# evaluation runs once, after the last rollout; the curves are the exact probes, recorded every rollout. The claims
+# are read here, before any training.
 
 # %% tags=["config"]
 import time
@@ -89,30 +89,27 @@ from klear_lib.losses import ENTROPY_BUCKETS
 from klear_lib.train.sft import arithmetic_warm_start
 
 notebook.quiet()
-notebook.require(globals(), counts=("probe_prompts", "workers"), positive=("collapse_entropy_factor",))
+notebook.require(globals(), counts=("probe_prompts", "workers"), fractions=("collapse_drop",))
+NAME = "04_erc_bounds"
+DECLARED = notebook.declared_claims(NAME)
 DAPO = dict(loss_name="ppo_clip", clip_ratio_low=0.2, clip_ratio_high=0.28)
-GPPO = dict(loss_name="gppo", clip_ratio_low=0.2, clip_ratio_high=0.2)  # the ERC paper's GPPO setting
+ERC = "dapo_erc_0.8_1.2"
 ARMS = {
     "dapo": dict(DAPO),
-    "dapo_erc_0.8_1.2": dict(DAPO, erc_low=0.8, erc_high=1.2),
-    "dapo_erc_0.95_1.05": dict(DAPO, erc_low=0.95, erc_high=1.05),
-    "dapo_random_mask": dict(DAPO),  # random_stop_frac is set from the matched ERC arm's measured fraction
+    ERC: dict(DAPO, erc_low=0.8, erc_high=1.2),
+    "dapo_random_mask": dict(DAPO),  # random_stop_classes is set from ERC's measured stopped share per class
     "dapo_half_lr": dict(DAPO, rl_lr=rl_lr / 2),
-    "gppo": dict(GPPO),
-    "gppo_erc_0.8_1.2": dict(GPPO, erc_low=0.8, erc_high=1.2),
 }
-arm_list = notebook.parse_list(variants, "variants", allowed=ARMS)
-if "dapo" not in arm_list:
-    raise ValueError(f"variants = {variants!r}: dapo is the baseline every claim compares against")
-if "dapo_random_mask" in arm_list and random_mask_matches not in arm_list:
-    raise ValueError(f"random_mask_matches = {random_mask_matches!r} must be one of the ERC arms in variants")
+arm_list = notebook.parse_list(arms, "arms", allowed=ARMS)
+if not {"dapo", ERC} <= set(arm_list):
+    raise ValueError(f"arms = {arms!r}: the primary claim compares {ERC} with dapo; both must run")
 seed_list = notebook.parse_list(seeds, "seeds", int)
-base = notebook.config_from(RLExperimentConfig, globals(), sft_alpha=0.0)
+base = notebook.config_from(RLExperimentConfig, globals(), sft_alpha=0.0, eval_every=rollouts, eval_start=False)
 configs = {a: base.replace(**ARMS[a]) for a in arm_list}  # validates every arm
-run_path = notebook.start_run("04_erc_bounds", run_dir, params=globals(), config={
-    "base": base, "arms": {a: ARMS[a] for a in arm_list}, "seeds": seed_list,
-    "random_mask_matches": random_mask_matches,
-    "collapse_entropy_factor": collapse_entropy_factor, "probe_prompts": probe_prompts, "workers": workers})
+CLASSES = [f"{b}/{part}" for b, *_ in ENTROPY_BUCKETS for part in ("fork", "rest")]
+run_path = notebook.start_run(NAME, run_dir, params=globals(), config={
+    "base": base, "arms": {a: ARMS[a] for a in arm_list}, "seeds": seed_list, "claims_declared": DECLARED,
+    "collapse_drop": collapse_drop, "probe_prompts": probe_prompts, "workers": workers})
 print(f"run dir: {run_path}")
 print(f"{len(arm_list)} arms x {len(seed_list)} seeds; {base.rollouts} rollouts of up to {base.updates_per_rollout} "
       f"updates, lr {base.rl_lr:g}")
@@ -121,7 +118,7 @@ print(f"{len(arm_list)} arms x {len(seed_list)} seeds; {base.rollouts} rollouts 
 # ## SFT warm start (shared with notebooks 03, 06 and 07; cached)
 
 # %%
-ws = arithmetic_warm_start(base, run_path / "sft", cache_root=run_path.parent.parent / ".cache")
+ws = arithmetic_warm_start(base, run_path / "sft", cache_root=notebook.cache_root())
 start = ws.start
 
 # %% [markdown]
@@ -136,13 +133,11 @@ floor = mechanism.erc_noise_floor(ws.model, ws.tokenizer, probe_batch, n=4, temp
 floor_table = floor.pivot_table(index=["old entropies from", "bucket"], columns="bounds", values="stopped_frac",
                                 sort=False)
 display((100 * floor_table).round(3))
-print("token share by bucket:", floor[floor["old entropies from"] == "bf16 pass"].drop_duplicates("bucket")
-      .set_index("bucket")["token_share"].round(3).to_dict())
 
 # %% [markdown]
 # ## RL: every arm × every seed
-# The ERC arms run first; the random-mask arm then stops, at random, the mean fraction of tokens that its matched
-# ERC arm stopped.
+# The ERC arm runs first (with DAPO and half lr); the random-mask arm then stops, at random, in each token class
+# (old-entropy bucket × fork/rest) the share that ERC stopped in that class over all its runs' steps.
 
 # %%
 def job(arm, cfg, seed):
@@ -151,17 +146,26 @@ def job(arm, cfg, seed):
         "tags": {"variant": arm, "seed": seed}})
 
 
+def class_shares(steps_of_arm):
+    """Per token class, the share stopped over all the arm's steps (weighted by the class's tokens)."""
+    out = {}
+    for c in CLASSES:
+        tag = c.replace("/", "_")
+        tokens = steps_of_arm[f"klear/token_share/{tag}"] * steps_of_arm["actor/response_tokens"]
+        stopped = steps_of_arm.get(f"klear/stopped_frac/{tag}", pd.Series(0.0, index=steps_of_arm.index)).fillna(0)
+        out[c] = float((stopped * tokens).sum() / tokens.sum()) if tokens.sum() > 0 else 0.0
+    return out
+
+
 clock = time.perf_counter()
-first = [a for a in arm_list if a != "dapo_random_mask"]
-jobs = [job(a, configs[a], s) for a in first for s in seed_list]
+jobs = [job(a, configs[a], s) for s in seed_list for a in arm_list if a != "dapo_random_mask"]
 experiment.run_jobs(jobs, run_path, workers=workers)
-matched_frac = None
+first = plots.metrics_frame(run_path)
+erc_classes = class_shares(first[first["variant"] == ERC].dropna(subset=["actor/pg_loss"]))
+print("ERC's stopped share per token class (%):", {c: round(100 * v, 2) for c, v in erc_classes.items()})
 if "dapo_random_mask" in arm_list:
-    df = plots.metrics_frame(run_path)
-    steps = df[df["variant"] == random_mask_matches].dropna(subset=["actor/pg_loss"])
-    matched_frac = float((steps["actor/erc_frac_low"] + steps["actor/erc_frac_high"]).mean())
-    print(f"{random_mask_matches} stopped {100 * matched_frac:.2f}% of response tokens: the random mask stops as many")
-    configs["dapo_random_mask"] = configs["dapo_random_mask"].replace(random_stop_frac=round(matched_frac, 6))
+    table = ",".join(f"{c}:{p:.6f}" for c, p in erc_classes.items() if p > 0)
+    configs["dapo_random_mask"] = configs["dapo_random_mask"].replace(random_stop_classes=table)
     jobs += [job("dapo_random_mask", configs["dapo_random_mask"], s) for s in seed_list]
     experiment.run_jobs(jobs, run_path, workers=workers)  # the done units are not run again
 print(f"{len(jobs)} runs in {time.perf_counter() - clock:.0f}s")
@@ -173,56 +177,61 @@ steps["clip_frac"] = steps["actor/pg_clipfrac_low"] + steps["actor/pg_clipfrac_h
 
 # %% [markdown]
 # ## What happened
-# Held-out accuracy (T 0.6), entropy, gradient norm, the stopped fraction (ERC or random) against PPO-clip's clip
-# fraction, and the spread of the entropy ratio. Mean over seeds, ±1 std.
+# The rest probe (the primary read-out), the fork probe, entropy, the gradient norm, the stopped fraction (ERC or
+# random) and PPO-clip's clip fraction. Mean over seeds, ±1 std.
 
 # %%
-fig = plots.plot_curves(df, ["eval/avg_at_n", "eval/avg_at_n_fork", "eval/avg_at_n_rest", "entropy", "grad_norm",
-                             "klear/p_correct_fork"], out=run_path / "figures" / "erc_training.png",
-                        title="ERC and its controls (mean ± std over seeds)")
-fig = plots.plot_curves(steps, ["stopped_frac", "clip_frac", "erc/ratio_p05", "erc/ratio_p95"],
+fig = plots.plot_curves(df, ["klear/p_correct_rest", "klear/p_correct_fork", "reward"],
+                        out=run_path / "figures" / "erc_probes.png",
+                        title="ERC and its controls: the rest probe, the fork probe, the reward (mean ± std over seeds)")
+fig = plots.plot_curves(steps, ["entropy", "grad_norm", "stopped_frac", "clip_frac"],
                         out=run_path / "figures" / "erc_stopped.png", ncols=4,
-                        title="What is stopped or clipped per step (mean ± std over seeds)")
+                        title="Entropy, gradient norm, what is stopped or clipped per step (mean ± std over seeds)")
 
 # %% [markdown]
-# ## Which tokens does ERC stop? By the rollout policy's entropy
-# Share of the tokens of each old-entropy bucket that ERC stopped (the paper's summary: mostly low-entropy ones).
+# ## Where ERC stops, and where the random mask stops
+# Per token class, the share of its tokens stopped (ERC, and the matched random mask) and the class's share of all
+# response tokens.
 
 # %%
-buckets = [b for b, *_ in ENTROPY_BUCKETS]
-erc_arms = [a for a in arm_list if "erc" in a]
-by_bucket = steps[steps["variant"].isin(erc_arms)].groupby("variant", sort=False)[
-    [f"erc/masked_frac_{b}" for b in buckets] + [f"erc/token_share_{b}" for b in buckets]].mean()
-display((100 * by_bucket).round(2))
+where = pd.DataFrame({a: class_shares(steps[steps["variant"] == a]) for a in arm_list
+                      if a in (ERC, "dapo_random_mask")})
+erc_steps = steps[steps["variant"] == ERC]
+where["token share"] = [float((erc_steps[f"klear/token_share/{c.replace('/', '_')}"]
+                               * erc_steps["actor/response_tokens"]).sum() / erc_steps["actor/response_tokens"].sum())
+                        for c in where.index]
+display((100 * where).round(3))
+match_gap = float((where[ERC] - where["dapo_random_mask"]).abs().max()) if "dapo_random_mask" in where else 0.0
+erc_stopped = float(erc_steps["stopped_frac"].mean())
 
 # %% [markdown]
 # ## Read-outs per seed, and the claims
+# Per run: the area under the rest probe (the declared primary read-out) and the fork probe over the rollouts, the
+# coefficient of variation of the per-rollout mean gradient norm, the largest rollout-to-rollout change of mean
+# entropy, whether the run collapsed (its rest probe ended `collapse_drop` below the start), and the held-out
+# accuracy after the last rollout.
 
 # %%
+pr = df.dropna(subset=["klear/p_correct_rest"])
 ev = df.dropna(subset=["eval/avg_at_n"])
 per_run = []
 for (arm, seed), g in steps.groupby(["variant", "seed"]):
-    e = ev[(ev["variant"] == arm) & (ev["seed"] == seed)].sort_values("rollout")
-    ent_by_rollout = g.groupby("rollout")["entropy"].mean()
-    gn = g["grad_norm"]
-    row = {"variant": arm, "seed": seed,
-           "grad_norm_cv": float(gn.std() / gn.mean()),
-           "max_entropy_jump": float(ent_by_rollout.diff().abs().max()) if len(ent_by_rollout) > 1 else 0.0,
-           "entropy_spike": bool(g["entropy"].max()
-                                 > collapse_entropy_factor * g.sort_values("step")["entropy"].iloc[0]),
-           "auc": claims.area_under_curve(e["rollout"], e["eval/avg_at_n"]),
-           "final": float(e["eval/avg_at_n"].iloc[-1]), "start": float(e["eval/avg_at_n"].iloc[0]),
-           "stopped_frac": float(g["stopped_frac"].mean()), "clip_frac": float(g["clip_frac"].mean()),
-           "low_minus_high_stopped": float(g["erc/masked_frac_low"].mean() - g["erc/masked_frac_high"].mean())}
-    row["collapsed"] = row["final"] < row["start"] or row["entropy_spike"]
-    per_run.append(row)
+    p = pr[(pr["variant"] == arm) & (pr["seed"] == seed)].sort_values("rollout")
+    last = ev[(ev["variant"] == arm) & (ev["seed"] == seed)].sort_values("rollout").iloc[-1]
+    gn = g.groupby("rollout")["grad_norm"].mean()  # per-rollout means
+    ent = g.groupby("rollout")["entropy"].mean()
+    per_run.append({"variant": arm, "seed": seed,
+                    "rest_probe_auc": claims.area_under_curve(p["rollout"], p["klear/p_correct_rest"]),
+                    "fork_probe_auc": claims.area_under_curve(p["rollout"], p["klear/p_correct_fork"]),
+                    "grad_norm_cv": float(gn.std() / gn.mean()),
+                    "max_entropy_jump": float(ent.diff().abs().max()) if len(ent) > 1 else 0.0,
+                    "collapsed": bool(p["klear/p_correct_rest"].iloc[-1] < p["klear/p_correct_rest"].iloc[0]
+                                      - collapse_drop),
+                    "final_rest": float(last["eval/avg_at_n_rest"]), "final_fork": float(last["eval/avg_at_n_fork"]),
+                    "stopped_frac": float(g["stopped_frac"].mean()), "clip_frac": float(g["clip_frac"].mean())})
 per_run = pd.DataFrame(per_run)
-summary_table = per_run.groupby("variant", sort=False).agg(
-    collapse_rate=("collapsed", "mean"), grad_norm_cv=("grad_norm_cv", "mean"),
-    max_entropy_jump=("max_entropy_jump", "mean"), final=("final", "mean"), auc=("auc", "mean"),
-    stopped_pct=("stopped_frac", lambda x: 100 * x.mean()), clip_pct=("clip_frac", lambda x: 100 * x.mean()),
-    seeds=("seed", "nunique")).reindex(arm_list)
-display(summary_table.round(4))
+display(plots.seed_table(per_run, ["rest_probe_auc", "fork_probe_auc", "grad_norm_cv", "max_entropy_jump",
+                                   "collapsed", "final_rest", "final_fork", "stopped_frac"]))
 
 
 def by_seed(arm, col):
@@ -230,67 +239,54 @@ def by_seed(arm, col):
     return dict(zip(g["seed"], g[col].astype(float)))
 
 
-claim_list = []
-SRC = "ERC paper (arXiv 2512.05591)"
-
-
-def add(cid, claim, metric, a, b, col, direction):
-    if a in arm_list and b in arm_list:
-        claim_list.append(claims.paired_claim(cid, claim, SRC, f"{metric}, {a} - {b}", by_seed(a, col), by_seed(b, col),
-                                              direction=direction))
-
-
-add("erc_vs_dapo.grad_norm_cv", "ERC stabilises the gradient norm", "coefficient of variation of the gradient norm",
-    "dapo_erc_0.8_1.2", "dapo", "grad_norm_cv", -1)
-add("erc_vs_dapo.entropy_jump", "ERC stabilises entropy", "largest rollout-to-rollout change of mean entropy",
-    "dapo_erc_0.8_1.2", "dapo", "max_entropy_jump", -1)
-add("erc_vs_dapo.auc", "ERC improves accuracy", "area under the held-out accuracy curve",
-    "dapo_erc_0.8_1.2", "dapo", "auc", 1)
-add("erc_vs_random_mask.grad_norm_cv", "ERC's entropy criterion, not the number of stopped tokens, stabilises",
-    "coefficient of variation of the gradient norm", random_mask_matches, "dapo_random_mask", "grad_norm_cv", -1)
-add("erc_vs_random_mask.auc", "ERC's entropy criterion, not the number of stopped tokens, helps accuracy",
-    "area under the held-out accuracy curve", random_mask_matches, "dapo_random_mask", "auc", 1)
-add("erc_vs_half_lr.auc", "ERC does more than a smaller step", "area under the held-out accuracy curve",
-    "dapo_erc_0.8_1.2", "dapo_half_lr", "auc", 1)
-add("erc_on_gppo.auc", "ERC improves GPPO too", "area under the held-out accuracy curve", "gppo_erc_0.8_1.2", "gppo",
-    "auc", 1)
-if "dapo_erc_0.95_1.05" in arm_list:
-    g = per_run[per_run["variant"] == "dapo_erc_0.95_1.05"]
-    mean, lo, hi = claims.paired_bootstrap(g["low_minus_high_stopped"].tolist())
-    claim_list.append({"id": "erc_stops_low_entropy_tokens", "claim": "ERC stops mostly low-entropy tokens",
-                       "source": "a third-party summary of the ERC paper",
-                       "metric": "stopped share of low-entropy tokens (H_old < 0.1) - of high-entropy ones "
-                                 "(H_old >= 1), "
-                                 "dapo_erc_0.95_1.05",
-                       "effect": mean, "ci_low": lo, "ci_high": hi, "seeds": len(g), "direction": 1,
-                       "verdict": claims.verdict(lo, hi, 1)})
-display(pd.DataFrame(claim_list)[["id", "metric", "effect", "ci_low", "ci_high", "seeds", "verdict"]].round(4))
+claim_list = [
+    claims.declared_claim(DECLARED, "erc_vs_dapo.rest_probe_auc", by_seed(ERC, "rest_probe_auc"),
+                          by_seed("dapo", "rest_probe_auc")),
+    claims.declared_claim(DECLARED, "erc_vs_dapo.grad_norm_cv", by_seed(ERC, "grad_norm_cv"),
+                          by_seed("dapo", "grad_norm_cv")),
+    claims.declared_check(DECLARED, "erc_acts", erc_stopped >= 0.01, erc_stopped,
+                          criterion="ERC stops >= 1% of response tokens", seeds=len(seed_list)),
+]
+for arm, cid in (("dapo_random_mask", "erc_vs_random_mask.rest_probe_auc"),
+                 ("dapo_half_lr", "erc_vs_half_lr.rest_probe_auc")):
+    if arm in arm_list:
+        claim_list.append(claims.declared_claim(DECLARED, cid, by_seed(ERC, "rest_probe_auc"),
+                                                by_seed(arm, "rest_probe_auc")))
+if "dapo_random_mask" in arm_list:
+    claim_list.append(claims.declared_check(DECLARED, "random_mask_matched", match_gap <= 0.01, 100 * match_gap,
+                                            criterion="every class's stopped share within 1 percentage point of "
+                                                      "ERC's", seeds=len(seed_list)))
+made = {c["id"] for c in claim_list}
+claim_list = claims.finalize(claim_list, {k: v for k, v in DECLARED.items() if k in made}, where=f"{NAME} claims")
+display(notebook.claims_frame(claim_list))
 
 # %% [markdown]
 # ## Beside the paper
 
 # %%
+summary_table = per_run.groupby("variant", sort=False).agg(
+    rest_probe_auc=("rest_probe_auc", "mean"), collapse_rate=("collapsed", "mean"),
+    grad_norm_cv=("grad_norm_cv", "mean"), fork_probe_auc=("fork_probe_auc", "mean"),
+    stopped_pct=("stopped_frac", lambda x: 100 * x.mean()), seeds=("seed", "nunique")).reindex(arm_list)
 summary = {
     "sft_start": start,
     "noise_floor": floor.to_dict(orient="records"),
-    "random_mask_frac": matched_frac,
+    "stopped_by_class": where.reset_index().to_dict(orient="records"),
     "per_run": per_run.to_dict(orient="records"),
     "arms": summary_table.reset_index().to_dict(orient="records"),
-    "figures": ["figures/erc_training.png", "figures/erc_stopped.png"],
+    "figures": ["figures/erc_probes.png", "figures/erc_stopped.png"],
     "claims": claim_list,
     "beside_paper": {
-        "caption": "ERC beside its controls (ours: mean over seeds; accuracy = held-out avg@n at T 0.6, %)",
-        "columns": ["arm", "paper", "ours: collapse rate", "ours: grad-norm CV", "ours: largest entropy jump",
-                    "ours: final", "ours: AUC", "ours: stopped %", "seeds"],
+        "caption": "ERC beside its controls (ours: mean over seeds; the probes' areas over the rollouts)",
+        "columns": ["arm", "paper", "ours: rest-probe area", "ours: collapse rate", "ours: grad-norm CV (per rollout)",
+                    "ours: fork-probe area", "ours: stopped %", "seeds"],
         "rows": [[a, {"dapo": "baseline: entropy and gradient norm fluctuate",
-                      "dapo_erc_0.8_1.2": "stable entropy and gradient norm, higher accuracy",
-                      "dapo_erc_0.95_1.05": "the scripts' bounds; ≈20% of tokens stopped",
-                      "gppo_erc_0.8_1.2": "ERC helps on GPPO too"}.get(a, "(a control; not in the paper)"),
-                  round(r["collapse_rate"], 2), round(r["grad_norm_cv"], 3), round(r["max_entropy_jump"], 4),
-                  round(100 * r["final"], 1), round(100 * r["auc"], 1), round(r["stopped_pct"], 2), int(r["seeds"])]
+                      ERC: "stable entropy and gradient norm, higher accuracy"}.get(a, "(a control; not in the paper)"),
+                  round(r["rest_probe_auc"], 4), round(r["collapse_rate"], 2), round(r["grad_norm_cv"], 3),
+                  round(r["fork_probe_auc"], 3), round(r["stopped_pct"], 2), int(r["seeds"])]
                  for a, r in summary_table.iterrows()],
-        "note": "Controls: a random mask at ERC's stopped fraction, and half the learning rate. A claim that ERC "
-                "stabilises training holds here only if ERC beats them too (see the claims table).",
+        "note": "Controls: a random mask matched to where ERC stops, and half the learning rate. A claim that ERC "
+                "stabilises training holds here only if ERC beats them too (see the claims).",
     },
 }
 notebook.write_summary(run_path, summary)
@@ -303,13 +299,10 @@ print("every requested arm and seed ran:", len(per_run) == len(arm_list) * len(s
 updates = steps[(steps["actor/response_tokens"] > 0) & (steps["grad_norm"] > 0)].groupby(["variant", "seed"]).size()
 print("every run made an update with a non-zero gradient on response tokens:", len(updates) == len(per_run))
 print("without ERC or a mask nothing is stopped:",
-      bool((steps[steps["variant"].isin(["dapo", "dapo_half_lr", "gppo"])]["stopped_frac"] == 0).all()))
-masked = per_run[per_run["variant"] == "dapo_random_mask"]["stopped_frac"]
-print("the random mask stops about the matched fraction:",
-      matched_frac is None or bool(abs(masked.mean() - matched_frac) <= 0.5 * matched_frac + 1e-3))
+      bool((steps[steps["variant"].isin(["dapo", "dapo_half_lr"])]["stopped_frac"] == 0).all()))
 print("the exact fp32 path has no noise floor:",
       bool((floor[floor["old entropies from"] != "bf16 pass"]["stopped_frac"] == 0).all()))
-shares = steps[[f"erc/token_share_{b}" for b in buckets]].sum(axis=1)
-print("bucket shares sum to 1:", bool(((shares - 1).abs() < 1e-6).all()))
+shares = steps[[f"klear/token_share/{c.replace('/', '_')}" for c in CLASSES]].sum(axis=1)
+print("token classes cover every token:", bool(((shares - 1).abs() < 1e-6).all()))
 print("every logged metric is defined in the glossary:", not glossary.undefined(df.columns))
-print("every claim has a verdict from its interval:", bool(claims.validate_claims(claim_list)))
+print("every claim was declared and follows from the rule:", bool(claims.validate_claims(claim_list)))

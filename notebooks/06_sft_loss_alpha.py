@@ -14,11 +14,17 @@
 # | AIME24 (start 73.51) | 78.13 | 77.81 | **79.37** | 78.44 |
 # | AIME25 (start 64.62) | 68.02 | 69.48 | **70.42** | 69.58 |
 #
-# **What this notebook tests.** Two claims of that table, as paired differences over seeds: α = 0.1 above α = 0,
-# and α = 0.1 above α = 0.2 (together: an interior best). The read-out is the area under the held-out accuracy
-# curve of the *fork problems* (notebook 03's stand-in: after SFT the model's mode on four facts is wrong, so RL
-# has to move it), and beside it the entropy the term costs. Every α shares the SFT start, the first rollout of
-# each seed and the rest of the recipe (GPPO, Klear's filter, 8 updates per rollout); only α changes.
+# **What this notebook tests** (declared before the run in `params/06_sft_loss_alpha/claims.yaml`). The primary
+# claim: α = 0.1 above α = 0, read out as the area under the exact fork probe `klear/p_correct_fork` over the
+# rollouts (notebook 03's stand-in: after SFT the model's mode on four facts is wrong, so RL has to move it), paired by
+# seed. Secondary: α = 0.1 above α = 0.2 (with the primary: an interior best). Every α shares the SFT start, the
+# first rollout of each seed and the rest of the recipe (GPPO, Klear's filter, 8 updates per rollout); only α
+# changes. Beside it, the entropy the term costs (a read-out, not a claim).
+#
+# **The noise floor.** The same arm (α = 0) also runs under a second, independent seed stream (seed s + 1000 for
+# seed s), and the two streams go through the same rule as a declared A/A check: it must come out inconclusive
+# (the rule's false-positive rate is 5%, so one run in twenty fails it by chance). The report shows it as the
+# stand-in's noise floor.
 #
 # **What the tiny stand-in can and cannot show.** Whether the NLL on the model's own correct samples speeds the
 # move of a wrong mode, and what it does to entropy. Not the paper's sub-point differences on AIME, which lie
@@ -27,13 +33,14 @@
 # %% tags=["parameters"]
 # Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
-alphas = "0,0.05,0.1,0.2"
-seeds = "0,1,2,3"
+alphas = "0,0.1,0.2"                           # 0 and 0.1: the primary claim; 0.2: the secondary
+aa_stream = True                               # also α 0 under a second seed stream (the A/A noise floor)
+seeds = "0,1,2,3,4,5,6,7,8,9"
 model = "tiny"
 n_train = 6000
 n_heldout = 128
 levels = "1,2,3,4"
-sft_lr = 2e-3
+sft_lr = 2.0e-3
 sft_epochs = 2.0
 sft_batch_size = 32
 fork_facts = "2+3->6,5+1->7,7+2->8,9+3->1"
@@ -45,9 +52,8 @@ oversample_factor = 2.0
 max_gen_batches = 1
 num_generations = 8
 max_completion_length = 56
-rl_lr = 5e-5
-eval_every = 2
-eval_n = 4
+rl_lr = 5.0e-5
+eval_n = 4                                     # held-out samples per problem, after the last rollout
 eval_temperature = 0.6                         # the paper's
 workers = 2
 report_to = "none"                             # or tensorboard / trackio / wandb (installed): <run dir>/tracking
@@ -71,30 +77,42 @@ from klear_lib.train.sft import arithmetic_warm_start
 
 notebook.quiet()
 notebook.require(globals(), counts=("workers",))
+NAME = "06_sft_loss_alpha"
+DECLARED = notebook.declared_claims(NAME)
+AA_OFFSET = 1000  # the second seed stream of the A/A pair: seed s + 1000
 alpha_list = notebook.parse_list(alphas, "alphas", float)
+if not {0.0, 0.1} <= set(alpha_list):
+    raise ValueError(f"alphas = {alphas!r}: the primary claim compares α 0.1 with α 0; both must run")
 seed_list = notebook.parse_list(seeds, "seeds", int)
-base = notebook.config_from(RLExperimentConfig, globals(), loss_name="gppo")  # Klear's loss; α varies below
+base = notebook.config_from(RLExperimentConfig, globals(), loss_name="gppo", eval_every=rollouts, eval_start=False)
 configs = {f"alpha={a:g}": base.replace(sft_alpha=a) for a in alpha_list}  # validates every α (>= 0)
-run_path = notebook.start_run("06_sft_loss_alpha", run_dir, params=globals(), config={
-    "base": base, "alphas": alpha_list, "seeds": seed_list, "workers": workers})
+if aa_stream:
+    configs["alpha=0/stream_b"] = base.replace(sft_alpha=0.0)
+run_path = notebook.start_run(NAME, run_dir, params=globals(), config={
+    "base": base, "alphas": alpha_list, "aa_stream": aa_stream, "aa_offset": AA_OFFSET, "seeds": seed_list,
+    "claims_declared": DECLARED, "workers": workers})
 print(f"run dir: {run_path}")
-print(f"{len(alpha_list)} values of α x {len(seed_list)} seeds; {base.rollouts} rollouts of up to "
+print(f"{len(configs)} arms x {len(seed_list)} seeds; {base.rollouts} rollouts of up to "
       f"{base.updates_per_rollout} updates")
 
 # %% [markdown]
 # ## SFT warm start (shared with notebooks 03, 04 and 07; cached)
 
 # %%
-ws = arithmetic_warm_start(base, run_path / "sft", cache_root=run_path.parent.parent / ".cache")
+ws = arithmetic_warm_start(base, run_path / "sft", cache_root=notebook.cache_root())
 start = ws.start
 
 # %% [markdown]
 # ## RL: every α × every seed (units of work in worker processes, resumable)
 
 # %%
+def stream_seed(variant, s):
+    return s + AA_OFFSET if variant.endswith("/stream_b") else s
+
+
 jobs = [experiment.Job(f"{v}/seed={s}", "klear_lib.train.rl_jobs:rl_unit", {
-    "config": {**vars(cfg.replace(seed=s))}, "start": str(ws.sft_dir),
-    "tags": {"variant": v, "alpha": cfg.sft_alpha, "seed": s}}) for v, cfg in configs.items() for s in seed_list]
+    "config": {**vars(cfg.replace(seed=stream_seed(v, s)))}, "start": str(ws.sft_dir),
+    "tags": {"variant": v, "alpha": cfg.sft_alpha, "seed": s}}) for s in seed_list for v, cfg in configs.items()]
 clock = time.perf_counter()
 experiment.run_jobs(jobs, run_path, workers=workers)
 print(f"{len(jobs)} runs in {time.perf_counter() - clock:.0f}s")
@@ -103,33 +121,37 @@ steps = df.dropna(subset=["actor/pg_loss"])
 
 # %% [markdown]
 # ## What happened
-# Held-out accuracy of the fork problems and of the rest (T 0.6), the fork probe, the positive-sample NLL (the term
-# α weighs), the share of fully correct responses, and entropy. Mean over seeds, ±1 std.
+# The fork probe, the rest probe (what the start knows off the forks), the positive-sample NLL (the term α weighs),
+# the share of fully correct responses, entropy and the reward. Mean over seeds, ±1 std.
 
 # %%
-fig = plots.plot_curves(df, ["eval/avg_at_n_fork", "eval/avg_at_n_rest", "klear/p_correct_fork",
-                             "actor/positive_loss", "klear/positive_frac", "entropy"],
+fig = plots.plot_curves(df, ["klear/p_correct_fork", "klear/p_correct_rest", "actor/positive_loss",
+                             "klear/positive_frac", "entropy", "reward"],
                         out=run_path / "figures" / "sft_loss_alpha.png",
                         title="RL with an SFT term on fully correct samples (mean ± std over seeds)")
 
 # %% [markdown]
 # ## Read-outs per seed, and the claims
+# Per run: the area under the fork probe over the rollouts (the declared read-out), the rest probe's area, the
+# held-out accuracy after the last rollout, and the mean token entropy. The secondary claim is Holm-adjusted; the
+# A/A check pairs stream A's seed s with stream B's seed s + 1000.
 
 # %%
+pr = df.dropna(subset=["klear/p_correct_fork"])
 ev = df.dropna(subset=["eval/avg_at_n_fork"])
 per_run = []
-for (v, seed), g in ev.groupby(["variant", "seed"]):
-    g = g.sort_values("rollout")
+for (v, seed), g in pr.groupby(["variant", "seed"]):
+    last = ev[(ev["variant"] == v) & (ev["seed"] == seed)].sort_values("rollout").iloc[-1]
     per_run.append({"variant": v, "seed": seed,
-                    "auc_fork": claims.area_under_curve(g["rollout"], g["eval/avg_at_n_fork"]),
-                    "auc_rest": claims.area_under_curve(g["rollout"], g["eval/avg_at_n_rest"]),
-                    "final_fork": g["eval/avg_at_n_fork"].iloc[-1], "final": g["eval/avg_at_n"].iloc[-1]})
+                    "probe_auc": claims.area_under_curve(g["rollout"], g["klear/p_correct_fork"]),
+                    "rest_probe_auc": claims.area_under_curve(g["rollout"], g["klear/p_correct_rest"]),
+                    "final_fork": last["eval/avg_at_n_fork"], "final": last["eval/avg_at_n"]})
 run_entropy = steps.groupby(["variant", "seed"])["entropy"].mean().rename("entropy").reset_index()
 per_run = pd.DataFrame(per_run).merge(run_entropy, on=["variant", "seed"])
 table = per_run.groupby("variant", sort=False).agg(
-    auc_fork=("auc_fork", "mean"), auc_fork_std=("auc_fork", "std"), final_fork=("final_fork", "mean"),
-    auc_rest=("auc_rest", "mean"), entropy=("entropy", "mean"), seeds=("seed", "nunique")).reindex(list(configs))
-display(plots.seed_table(per_run, ["auc_fork", "final_fork", "auc_rest", "entropy"], by="variant", digits=4))
+    probe_auc=("probe_auc", "mean"), final_fork=("final_fork", "mean"), entropy=("entropy", "mean"),
+    seeds=("seed", "nunique")).reindex(list(configs))
+display(plots.seed_table(per_run, ["probe_auc", "rest_probe_auc", "final_fork", "entropy"], by="variant", digits=4))
 
 
 def by_seed(v, col):
@@ -137,24 +159,23 @@ def by_seed(v, col):
     return dict(zip(g["seed"], g[col]))
 
 
-SRC = "Klear-Reasoner Table 6"
-claim_list = []
-if {"alpha=0.1", "alpha=0"} <= set(configs):
-    claim_list.append(claims.paired_claim("alpha_0.1_vs_0.auc_fork", "α = 0.1 beats α = 0 (no SFT term)", SRC,
-                                          "area under the held-out fork-problem curve, α 0.1 - α 0",
-                                          by_seed("alpha=0.1", "auc_fork"), by_seed("alpha=0", "auc_fork")))
-if {"alpha=0.1", "alpha=0.2"} <= set(configs):
-    claim_list.append(claims.paired_claim("alpha_0.1_vs_0.2.auc_fork", "α = 0.1 beats α = 0.2 (a larger SFT term)", SRC,
-                                          "area under the held-out fork-problem curve, α 0.1 - α 0.2",
-                                          by_seed("alpha=0.1", "auc_fork"), by_seed("alpha=0.2", "auc_fork")))
+claim_list = [claims.declared_claim(DECLARED, "alpha_0.1_vs_0.probe_auc", by_seed("alpha=0.1", "probe_auc"),
+                                    by_seed("alpha=0", "probe_auc"))]
+if "alpha=0.2" in configs:
+    claim_list.append(claims.declared_claim(DECLARED, "alpha_0.1_vs_0.2.probe_auc", by_seed("alpha=0.1", "probe_auc"),
+                                            by_seed("alpha=0.2", "probe_auc")))
+if aa_stream:
+    claim_list.append(claims.declared_claim(DECLARED, "aa_noise_floor.probe_auc", by_seed("alpha=0", "probe_auc"),
+                                            by_seed("alpha=0/stream_b", "probe_auc")))
+made = {c["id"] for c in claim_list}
+claim_list = claims.finalize(claim_list, {k: v for k, v in DECLARED.items() if k in made}, where=f"{NAME} claims")
+display(notebook.claims_frame(claim_list))
 entropy_cost = {}
-for v in configs:  # the entropy each α costs against α = 0, with its interval (a read-out, not a claim)
-    if v != "alpha=0" and "alpha=0" in configs:
+for v in configs:  # the entropy each α costs against α = 0, with its t-interval (a read-out, not a claim)
+    if v.startswith("alpha=") and v not in ("alpha=0", "alpha=0/stream_b"):
         a, b = by_seed(v, "entropy"), by_seed("alpha=0", "entropy")
-        interval = claims.paired_bootstrap([a[s] - b[s] for s in a if s in b])
-        entropy_cost[v] = dict(zip(("effect", "ci_low", "ci_high"), interval))
-display(pd.DataFrame(claim_list)[["id", "metric", "effect", "ci_low", "ci_high", "seeds", "verdict"]].round(4)
-        if claim_list else "no claim: α 0, 0.1 and 0.2 are not all in `alphas`")
+        t = claims.paired_t([a[s] - b[s] for s in a if s in b])
+        entropy_cost[v] = {"effect": t["mean"], "ci_low": t["ci_low"], "ci_high": t["ci_high"]}
 display(pd.DataFrame(entropy_cost).T.round(5))
 
 # %% [markdown]
@@ -169,12 +190,13 @@ summary = {
     "figures": ["figures/sft_loss_alpha.png"],
     "claims": claim_list,
     "beside_paper": {
-        "caption": "α of the positive-sample NLL: the paper's AIME24 / AIME25 (%, 100 steps) beside ours (held-out "
-                   "fork problems at T 0.6, %: area under the curve and final; mean token entropy)",
-        "columns": ["α", "paper AIME24", "paper AIME25", "ours: AUC fork", "ours: AUC fork std", "ours: final fork",
+        "caption": "α of the positive-sample NLL: the paper's AIME24 / AIME25 (%, 100 steps) beside ours (the fork "
+                   "probe's area over the rollouts; held-out fork problems at T 0.6 after the last rollout, %; mean "
+                   "token entropy)",
+        "columns": ["arm", "paper AIME24", "paper AIME25", "ours: fork-probe area", "ours: final fork",
                     "ours: entropy", "seeds"],
-        "rows": [[v, *PAPER_ALPHA.get(configs[v].sft_alpha, (None, None)), round(100 * r["auc_fork"], 1),
-                  round(100 * r["auc_fork_std"], 1), round(100 * r["final_fork"], 1), round(r["entropy"], 4),
+        "rows": [[v, *(PAPER_ALPHA.get(configs[v].sft_alpha, (None, None)) if "stream_b" not in v else (None, None)),
+                  round(r["probe_auc"], 3), round(100 * r["final_fork"], 1), round(r["entropy"], 4),
                   int(r["seeds"])] for v, r in table.iterrows()],
         "note": "The paper's best is α 0.1, by under 1.6 points. Ours: the claims table.",
     },
@@ -190,7 +212,7 @@ print("positive-sample NLL logged for every α:",
       bool(steps.groupby("variant")["actor/positive_loss"].count().gt(0).all()))
 updates = steps[(steps["actor/response_tokens"] > 0) & (steps["grad_norm"] > 0)].groupby(["variant", "seed"]).size()
 print("every run made an update with a non-zero gradient on response tokens:", len(updates) == len(per_run))
-first = df[(df["rollout"] == 1) & df["reward"].notna()].groupby("seed")["reward"].nunique()
-print("every α saw the same first rollout at each seed:", bool((first == 1).all()))
+same = df[(df["rollout"] == 1) & df["reward"].notna() & ~df["variant"].str.endswith("stream_b")]
+print("every α saw the same first rollout at each seed:", bool((same.groupby("seed")["reward"].nunique() == 1).all()))
 print("every logged metric is defined in the glossary:", not glossary.undefined(df.columns))
-print("every claim has a verdict from its interval:", bool(claims.validate_claims(claim_list)))
+print("every claim was declared and follows from the rule:", bool(claims.validate_claims(claim_list)))

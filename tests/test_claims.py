@@ -1,73 +1,224 @@
-"""The one verdict rule: a paired bootstrap interval over seeds, read against the paper's direction."""
+"""The one verdict rule: a paired Student-t interval over seeds, the exact sign-flip test beside it from 6 seeds,
+Holm within a notebook's secondary claims; its false-positive rate on null data and its power, measured."""
 
+import itertools
 import math
 import random
+import zlib
 
+import numpy as np
 import pytest
 
 from klear_lib import claims
 
-
-def test_bootstrap_of_one_value_and_of_identical_values_is_that_value():
-    assert claims.paired_bootstrap([0.3]) == (0.3, 0.3, 0.3)
-    mean, lo, hi = claims.paired_bootstrap([0.25] * 5)
-    assert mean == lo == hi == pytest.approx(0.25)
-
-
-def test_bootstrap_interval_against_a_brute_force_enumeration():
-    """For 3 differences every resample is one of 27 equally likely tuples: the bootstrap distribution of the mean
-    is known exactly, and 20,000 draws put the 2.5% / 97.5% quantiles near its exact quantiles."""
-    diffs = [0.0, 0.1, 0.5]
-    exact = sorted(sum(t) / 3 for t in ((a, b, c) for a in diffs for b in diffs for c in diffs))
-    mean, lo, hi = claims.paired_bootstrap(diffs, n_boot=20_000)
-    assert mean == pytest.approx(0.2)
-    # exact quantiles of the 27-point distribution (each point has mass 1/27 ≈ 3.7%): the lowest is 0, the highest 0.5
-    assert lo == pytest.approx(exact[0], abs=0.04) and hi == pytest.approx(exact[-1], abs=0.04)
-    assert claims.paired_bootstrap(diffs, n_boot=20_000) == (mean, lo, hi)  # fixed seed: same interval
+# Student-t quantiles from a printed table, to its precision (two-sided 95%: q 0.975; one-sided 80%: q 0.8)
+T_TABLE = {(0.975, 1): (12.7062, 1e-4), (0.975, 2): (4.3027, 1e-4), (0.975, 3): (3.1824, 1e-4),
+           (0.975, 5): (2.5706, 1e-4), (0.975, 7): (2.3646, 1e-4), (0.975, 10): (2.2281, 1e-4),
+           (0.975, 30): (2.0423, 1e-4), (0.995, 4): (4.6041, 1e-4), (0.8, 3): (0.978, 1e-3), (0.8, 7): (0.896, 1e-3),
+           (0.8, 11): (0.876, 1e-3)}
 
 
-def test_interval_covers_the_true_mean_about_95_percent_for_many_seeds():
-    rng = random.Random(1)
+@pytest.mark.parametrize("q_df, value", T_TABLE.items())
+def test_t_quantiles_match_the_table(q_df, value):
+    (q, df), (expected, precision) = q_df, value
+    assert claims.t_quantile(q, df) == pytest.approx(expected, abs=precision / 2 + 1e-9)
+    assert claims.t_quantile(1 - q, df) == pytest.approx(-expected, abs=precision / 2 + 1e-9)
+
+
+@pytest.mark.parametrize("t, df", [(0.5, 3), (2.0, 7), (3.5, 5), (1.2, 30), (-1.0, 4)])
+def test_t_tail_against_numerical_integration_of_the_density(t, df):
+    """A second implementation: Simpson's rule on Student's density from t to a far cut-off."""
+    lo, hi, n = t, 2000.0, 400_000  # the tail beyond 2000 is below 1e-6 at 3 df
+    xs = np.linspace(lo, hi, n + 1)
+    h = (hi - lo) / n
+    const = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+    f = const * (1 + xs ** 2 / df) ** (-(df + 1) / 2)
+    simpson = h / 3 * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
+    assert claims.t_sf(t, df) == pytest.approx(simpson, abs=2e-5)
+
+
+def test_paired_t_by_hand():
+    # diffs 1, 2, 3: mean 2, sd 1, se 1/√3; t_{0.975,2} = 4.3026527 -> half-width 2.484138; t = 2√3 = 3.4641
+    r = claims.paired_t([1.0, 2.0, 3.0])
+    assert r["mean"] == pytest.approx(2.0) and r["sd"] == pytest.approx(1.0)
+    assert r["ci_low"] == pytest.approx(2 - 2.484138, abs=1e-5)
+    assert r["ci_high"] == pytest.approx(2 + 2.484138, abs=1e-5)
+    # two-sided p of t = 3.4641 at 2 df: 2 · (1 - F(3.4641)) = 0.07418
+    assert r["p"] == pytest.approx(0.07418, abs=2e-4)
+    same = claims.paired_t([0.2] * 4)
+    assert same["ci_low"] == same["ci_high"] == pytest.approx(0.2) and same["p"] == 0.0
+    assert claims.paired_t([0.0] * 4)["p"] == 1.0
+
+
+def brute_sign_flip(d):
+    obs = abs(sum(d))
+    hits = sum(abs(sum(s * x for s, x in zip(signs, d))) >= obs - 1e-12
+               for signs in itertools.product((1, -1), repeat=len(d)))
+    return hits / 2 ** len(d)
+
+
+@pytest.mark.parametrize("n", [1, 3, 6, 9, 15, 16])
+def test_sign_flip_p_against_brute_force(n):
+    rng = random.Random(n)
+    d = [rng.gauss(0.3, 1.0) for _ in range(n)]
+    assert claims.sign_flip_p(d) == pytest.approx(brute_sign_flip(d))
+    assert claims.sign_flip_p([abs(x) + 0.1 for x in d]) == pytest.approx(2.0 / 2 ** n)  # all one sign: the floor
+
+
+def test_sign_flip_p_beyond_exact_enumeration_is_a_seeded_monte_carlo():
+    rng = np.random.default_rng(4)
+    null = rng.normal(size=128)
+    effect = 0.3 + rng.normal(size=128)
+    p0, p1 = claims.sign_flip_p(null), claims.sign_flip_p(effect)
+    assert p0 == claims.sign_flip_p(null)  # the same data, the same p
+    assert p0 > 0.05 and p1 < 0.01
+    # against the t-test's p, which agrees closely at this n (the normal approximation of the randomisation test)
+    assert abs(p0 - claims.paired_t(null)["p"]) < 0.03
+
+
+def test_holm_by_hand():
+    # m = 3: sorted p 0.01, 0.02, 0.04 -> 0.03, max(0.03, 0.04) = 0.04, max(0.04, 0.04) = 0.04
+    assert claims.holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    assert claims.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    assert claims.holm([]) == []
+
+
+def test_mde_and_seeds_for_power():
+    # the t formula at n 8: (t_{0.975,7} + t_{0.8,7}) / √8 = (2.3646 + 0.8960) / 2.8284 = 1.1528; the rule's
+    # simulated value there is larger (the sign-flip condition): 1.203
+    assert claims.mde(1.0, 8, alpha=0.0500001) == pytest.approx(1.1528, abs=2e-4)
+    assert claims.mde(1.0, 8) == claims.RULE_MDE[8] == 1.203
+    assert claims.mde(0.05, 8) == pytest.approx(0.05 * claims.mde(1.0, 8))
+    assert math.isnan(claims.mde(1.0, 1))
+    # below 6 seeds the rule is the t-test: the formula; the standard seeds for 80% power of a paired t at 5%
+    assert claims.mde(1.0, 4) == pytest.approx((3.1824 + 0.978) / 2, abs=1e-3)
+    assert abs(claims.seeds_for_power(0.5) - 34) <= 1
+    # from 6 seeds the sign-flip condition costs power: 1.5 sd needs 7 seeds (the t-test alone: 6), 1.0 sd 11
+    assert claims.seeds_for_power(1.5) == 7 and claims.seeds_for_power(1.0) == 11
+
+
+@pytest.mark.parametrize("n, p_sign, rule", [(4, 2 / 16, "t only"), (8, 2 / 256, "t and sign-flip")])
+def test_decision_uses_the_sign_flip_test_from_six_seeds(n, p_sign, rule):
+    d = {s: 1.0 + 0.05 * s for s in range(n)}
+    c = claims.paired_claim("x", "a beats b", "Table 1", "auc", d, {s: 0.0 for s in range(n)})
+    assert c["p_sign"] == pytest.approx(p_sign)
+    assert c["p_value"] == pytest.approx(c["p_t"] if n < 6 else max(c["p_t"], c["p_sign"]))
+    assert c["verdict"] == "reproduced", rule
+
+
+def test_six_seeds_where_t_rejects_but_the_sign_flip_test_does_not():
+    # five large positive differences and one small negative one: t rejects, the sign-flip test (p = 4/64 ... )
+    # does not reach 0.05, so the claim stays inconclusive
+    diffs = [1.0, 1.1, 0.9, 1.05, 0.95, -0.2]
+    a = {s: d for s, d in enumerate(diffs)}
+    c = claims.paired_claim("x", "a beats b", "T", "m", a, {s: 0.0 for s in a})
+    assert c["p_t"] < 0.05 and c["p_sign"] > 0.05
+    assert c["verdict"] == "inconclusive"
+
+
+def test_fewer_than_three_seeds_never_decide():
+    c = claims.paired_claim("x", "a beats b", "T", "m", {0: 1.0, 1: 1.1}, {0: 0.0, 1: 0.0})
+    assert c["p_t"] < 0.05 and c["verdict"] == "inconclusive"
+
+
+def _null_sets(family, n, sets, rng):
+    if family == "gaussian":
+        a, b = rng.normal(size=(sets, n)), rng.normal(size=(sets, n))
+    elif family == "student_t3":
+        a, b = rng.standard_t(3, size=(sets, n)), rng.standard_t(3, size=(sets, n))
+    else:  # collapse mixture: each run collapses (0.2) with probability 0.3, else ends near 0.8
+        def arm():
+            collapsed = rng.random((sets, n)) < 0.3
+            return np.where(collapsed, 0.2, 0.8) + 0.03 * rng.normal(size=(sets, n))
+        a, b = arm(), arm()
+    start = rng.normal(size=(sets, n))  # the shared start of a seed: cancels in the paired difference
+    return a + start, b + start
+
+
+def _decided_share(a, b, direction=1):
     hits = 0
-    for _ in range(200):
-        diffs = [rng.gauss(0.1, 0.2) for _ in range(30)]
-        _, lo, hi = claims.paired_bootstrap(diffs, n_boot=2000, seed=rng.randrange(10**6))
-        hits += lo <= 0.1 <= hi
-    assert 0.88 <= hits / 200 <= 0.99
+    for row_a, row_b in zip(a, b):
+        c = claims.paired_claim("x", "a beats b", "T", "m", dict(enumerate(row_a)), dict(enumerate(row_b)),
+                                direction=direction)
+        hits += c["verdict"] != "inconclusive"
+    return hits / len(a)
 
 
-@pytest.mark.parametrize("lo, hi, direction, expected", [
-    (0.01, 0.2, 1, "reproduced"), (-0.2, -0.01, 1, "reversed"), (-0.1, 0.1, 1, "inconclusive"),
-    (0.0, 0.1, 1, "inconclusive"),  # an interval that touches 0 does not exclude it
-    (-0.2, -0.01, -1, "reproduced"), (0.01, 0.2, -1, "reversed"), (-0.1, 0.1, -1, "inconclusive"),
-])
-def test_verdict_rule(lo, hi, direction, expected):
-    assert claims.verdict(lo, hi, direction) == expected
+SETS = 2000
+MC_MARGIN = 3 * math.sqrt(0.05 * 0.95 / SETS)  # three Monte Carlo standard errors at a true rate of 5%
 
 
-def test_paired_claim_pairs_by_seed_and_validates():
+@pytest.mark.parametrize("family", ["gaussian", "student_t3", "collapse"])
+@pytest.mark.parametrize("n", [3, 4, 6, 8, 12])
+def test_false_positive_rate_on_null_data_is_at_most_five_percent(family, n):
+    rng = np.random.default_rng(zlib.crc32(f"{family}-{n}".encode()))
+    a, b = _null_sets(family, n, SETS, rng)
+    assert _decided_share(a, b) <= 0.05 + MC_MARGIN
+
+
+def test_the_old_percentile_bootstrap_rule_fails_the_same_check():
+    """The first version's rule (the bootstrap interval is nearly the range at 4 seeds) on the same null data:
+    it decides about 1 time in 5, far above 5% (so the calibration test above can fail)."""
+    rng = np.random.default_rng(7)
+    a, b = _null_sets("gaussian", 4, 400, rng)
+    d = a - b
+    means = np.array([[row[rng.integers(0, 4, 4)].mean() for _ in range(400)] for row in d])
+    lo, hi = np.quantile(means, 0.025, axis=1), np.quantile(means, 0.975, axis=1)
+    assert ((lo > 0) | (hi < 0)).mean() > 0.12
+
+
+def test_power_at_one_and_a_half_paired_sds_with_eight_seeds():
+    rng = np.random.default_rng(11)
+    d = 1.5 + rng.normal(size=(SETS, 8))
+    share = np.mean([claims.paired_claim("x", "a beats b", "T", "m", dict(enumerate(r)), {s: 0.0 for s in range(8)}
+                                         )["verdict"] == "reproduced" for r in d])
+    assert share >= 0.8
+    reversed_share = np.mean([claims.paired_claim("x", "a beats b", "T", "m", {s: 0.0 for s in range(8)},
+                                                  dict(enumerate(r)))["verdict"] == "reversed" for r in d[:500]])
+    assert reversed_share >= 0.8  # the same effect the other way round is `reversed`
+
+
+@pytest.mark.parametrize("n", [4, 6, 8])
+def test_the_mde_is_the_effect_the_rule_detects_four_times_in_five(n):
+    rng = np.random.default_rng(5 + n)
+    d = claims.mde(1.0, n) + rng.normal(size=(SETS, n))
+    share = np.mean([claims.paired_claim("x", "c", "T", "m", dict(enumerate(r)), {s: 0.0 for s in range(n)}
+                                         )["verdict"] == "reproduced" for r in d])
+    assert abs(share - 0.8) < 0.035
+
+
+def claim_with(role="primary", **kw):
+    return claims.paired_claim("x", "a beats b", "Fig. 3", "auc", {0: 1.0, 1: 2.0, 2: 1.5},
+                               {0: 0.0, 1: 0.5, 2: 0.2}, role=role, **kw)
+
+
+def test_paired_claim_fields_and_validation():
     a = {0: 0.8, 1: 0.7, 2: 0.9, 3: 0.85, 9: 1.0}  # seed 9 has no partner: left out
     b = {0: 0.6, 1: 0.65, 2: 0.7, 3: 0.75}
-    c = claims.paired_claim("x", "a beats b", "Table 1", "final accuracy", a, b)
+    c = claims.paired_claim("x", "a beats b", "Table 1", "final accuracy", a, b, scope="a tiny stand-in")
     assert c["seeds"] == 4 and c["effect"] == pytest.approx((0.2 + 0.05 + 0.2 + 0.1) / 4)
     assert c["per_seed"] == {"0": pytest.approx(0.2), "1": pytest.approx(0.05), "2": pytest.approx(0.2),
                              "3": pytest.approx(0.1)}
-    assert c["verdict"] == "reproduced" and c["ci_low"] >= 0.05 - 1e-12
-    reverse = claims.paired_claim("y", "b beats a", "Table 1", "final accuracy", a, b, direction=-1)
-    assert reverse["verdict"] == "reversed"
-    assert claims.validate_claims([c, reverse]) == [c, reverse]
+    assert c["sd"] == pytest.approx(float(np.std([0.2, 0.05, 0.2, 0.1], ddof=1)))
+    assert c["mde"] == pytest.approx(claims.mde(c["sd"], 4))
+    assert c["role"] == "primary" and c["scope"] == "a tiny stand-in"
+    assert claims.validate_claims([c]) == [c]
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(verdict="reproduced", ci_low=-0.1), "does not follow from the interval"),
+    (dict(verdict="reproduced", p_value=0.5), "does not follow"),
     (dict(verdict="maybe"), "verdict must be one of"),
     (dict(effect=float("nan")), "effect must be a finite number"),
     (dict(seeds=0), "seeds must be a positive int"),
     (dict(effect=5.0), "outside its interval"),
     (dict(colour="red"), "unknown field"),
+    (dict(role="headline"), "role must be one of"),
+    (dict(p_value=1.5), "p_value must be a probability"),
+    (dict(mde=-0.1), "mde must be a non-negative"),
+    (dict(per_seed={"0": 1.0}), "per_seed must map each"),
 ])
 def test_validate_claims_names_the_claim_and_the_field(change, message):
-    good = claims.paired_claim("x", "a beats b", "Fig. 3", "auc", {0: 1.0, 1: 2.0}, {0: 0.0, 1: 0.5})
+    good = claim_with()
     with pytest.raises(ValueError, match=message):
         claims.validate_claims([{**good, **change}])
     bad = dict(good)
@@ -76,6 +227,100 @@ def test_validate_claims_names_the_claim_and_the_field(change, message):
         claims.validate_claims([bad])
     with pytest.raises(ValueError, match="used twice"):
         claims.validate_claims([good, good])
+
+
+def test_checks_pass_or_fail_against_what_they_must_show():
+    positive = claim_with("check", expect="reproduced")
+    assert positive["outcome"] in claims.VERDICTS and positive["verdict"] in claims.CHECK_RESULTS
+    aa = claims.paired_claim("aa", "A/A", "noise floor", "auc", {s: 0.5 + 0.01 * s for s in range(6)},
+                             {s: 0.5 + 0.01 * ((s * 7) % 6) for s in range(6)}, role="check", expect="inconclusive")
+    assert aa["outcome"] == "inconclusive" and aa["verdict"] == "pass"
+    strong = {s: 1.0 + 0.01 * s for s in range(6)}
+    failed = claims.paired_claim("aa", "A/A", "noise floor", "auc", strong, {s: 0.0 for s in range(6)}, role="check",
+                                 expect="inconclusive")
+    assert failed["verdict"] == "fail"
+    with pytest.raises(ValueError, match="needs expect"):
+        claim_with("check")
+    with pytest.raises(ValueError, match="must be one of"):
+        claims.validate_claims([{**aa, "verdict": "reproduced"}])
+
+
+def _claim(id, role, diffs, direction=1):
+    return claims.paired_claim(id, f"claim {id}", "T", "m", dict(enumerate(diffs)), {s: 0.0 for s in range(len(diffs))},
+                               role=role, direction=direction)
+
+
+def test_a_plain_check_passes_or_fails_and_validates(tmp_path):
+    path = tmp_path / "claims.yaml"
+    path.write_text("- {id: ctl, role: check, claim: on-policy runs agree, source: reference §1, metric: spread, "
+                    "direction: 1, scope: the pipeline}\n")
+    declared = claims.load_declared(path)
+    ok = claims.declared_check(declared, "ctl", True, 0.0, criterion="spread < 1e-5")
+    bad = claims.declared_check(declared, "ctl", False, 0.3, criterion="spread < 1e-5")
+    assert ok["verdict"] == "pass" and bad["verdict"] == "fail" and ok["criterion"] == "spread < 1e-5"
+    assert claims.finalize([ok], declared) == [ok]
+    with pytest.raises(ValueError, match=r"missing field\(s\) \['criterion'\]"):
+        claims.validate_claims([{k: v for k, v in ok.items() if k != "criterion"}])
+    with pytest.raises(ValueError, match="verdict must be one of"):
+        claims.validate_claims([{**ok, "verdict": "reproduced"}])
+
+
+def test_finalize_holm_adjusts_only_the_secondaries():
+    strong = [1.0, 1.2, 0.9, 1.1, 1.05, 0.95, 1.0, 1.1]
+    weak = [0.3, -0.1, 0.5, 0.2, 0.4, -0.05, 0.35, 0.1]  # p_t about 0.02: decided alone, not after Holm with 3
+    listed = [_claim("p", "primary", weak), _claim("s1", "secondary", weak), _claim("s2", "secondary", [0.1, -0.1] * 4),
+              _claim("s3", "secondary", strong),
+              claims.paired_claim("c", "claim c", "T", "m", dict(enumerate(strong)), {s: 0.0 for s in range(8)},
+                                  role="check", expect="reproduced")]
+    assert listed[1]["verdict"] == "reproduced"  # before adjustment
+    out = claims.finalize(listed)
+    p = {c["id"]: c for c in out}
+    raw = [listed[i]["p_value"] for i in (1, 2, 3)]
+    assert [p[i]["p_adjusted"] for i in ("s1", "s2", "s3")] == pytest.approx(claims.holm(raw))
+    assert p["p"]["verdict"] == "reproduced" and "p_adjusted" not in p["p"]  # the primary is not adjusted
+    assert p["s1"]["verdict"] == "inconclusive" and p["s3"]["verdict"] == "reproduced"
+    assert p["c"]["verdict"] == "pass"
+
+
+def test_finalize_wants_one_primary_and_the_declared_claims(tmp_path):
+    with pytest.raises(ValueError, match="exactly one primary"):
+        claims.finalize([_claim("a", "secondary", [1, 2, 3]), _claim("b", "secondary", [1, 2, 3])])
+    with pytest.raises(ValueError, match="exactly one primary"):
+        claims.finalize([_claim("a", "primary", [1, 2, 3]), _claim("b", "primary", [1, 2, 3])])
+    claims.finalize([claims.paired_claim("c", "c", "T", "m", {0: 1, 1: 2, 2: 3}, {0: 0, 1: 0, 2: 0}, role="check",
+                                         expect="reproduced")])  # checks alone: no primary needed
+    path = tmp_path / "claims.yaml"
+    path.write_text(
+        "- {id: main, role: primary, claim: a beats b, source: Fig. 3, metric: auc, direction: 1, scope: tiny}\n"
+        "- {id: side, role: secondary, claim: a beats c, source: Fig. 3, metric: auc, direction: -1, scope: tiny}\n")
+    declared = claims.load_declared(path)
+    got = [claims.declared_claim(declared, "main", {0: 1, 1: 2, 2: 3}, {0: 0, 1: 0, 2: 0}),
+           claims.declared_claim(declared, "side", {0: 1, 1: 2, 2: 3}, {0: 0, 1: 0, 2: 0})]
+    assert got[1]["direction"] == -1 and got[1]["role"] == "secondary" and got[0]["scope"] == "tiny"
+    claims.finalize(got, declared)
+    with pytest.raises(ValueError, match=r"missing \['side'\]"):
+        claims.finalize(got[:1], declared)
+    with pytest.raises(KeyError, match="not declared"):
+        claims.declared_claim(declared, "other", {0: 1}, {0: 0})
+    got[0]["claim"] = "something else"
+    with pytest.raises(ValueError, match="differs from the declared"):
+        claims.finalize(got, declared)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("- {id: a, role: primary, claim: c, source: s, metric: m, direction: 2, scope: x}\n", "direction must be"),
+    ("- {id: a, role: main, claim: c, source: s, metric: m, direction: 1, scope: x}\n", "role must be one of"),
+    ("- {id: a, role: primary, claim: c, source: s, metric: m, direction: 1}\n", r"missing field\(s\) \['scope'\]"),
+    ("- {id: a, role: primary, claim: c, source: s, metric: m, direction: 1, scope: x, expect: reproduced}\n",
+     "checks only"),
+    ("- {id: a, role: secondary, claim: c, source: s, metric: m, direction: 1, scope: x}\n", "exactly one primary"),
+    ("{id: a}\n", "non-empty list"),
+])
+def test_load_declared_names_the_file_entry_and_field(tmp_path, text, message):
+    path = tmp_path / "claims.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        claims.load_declared(path)
 
 
 def test_area_under_curve_and_first_crossing():

@@ -15,7 +15,7 @@ from klear_lib import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-PRESETS = [(nb, y.stem) for nb in NOTEBOOKS for y in sorted((ROOT / "params" / nb.stem).glob("*.yaml"))]
+PRESETS = [(nb, preset) for nb in NOTEBOOKS for preset in cli.list_presets(nb.stem, ROOT / "params")]
 SCALE_KEYS = {
     "model", "n_train", "n_heldout", "sft_epochs", "sft_lr", "sft_batch_size", "rollouts", "rollout_prompts",
     "mini_batch_prompts", "num_generations", "max_completion_length", "rl_lr", "eval_every", "eval_n",

@@ -254,20 +254,36 @@ def test_section_of_a_failed_run_shows_the_error_in_a_box(outputs):
 def test_the_report_opens_with_every_claim_and_its_verdict_and_marks_smoke_runs(tmp_path):
     from klear_lib import claims
 
-    good = claims.paired_claim("gppo_vs_dapo", "GPPO beats DAPO", "Fig. 3", "auc", {0: 0.6, 1: 0.7}, {0: 0.5, 1: 0.55})
-    bad = claims.paired_claim("erc", "ERC <stabilises>", "ERC paper", "cv", {0: 0.1, 1: 0.2}, {0: 0.3, 1: 0.35},
-                              direction=1)
-    make_run(tmp_path, "03_rl", "20250101-120000", summary={"claims": [good]})
-    make_run(tmp_path, "04_erc", "20250101-120000", summary={"claims": [bad]}, preset="smoke")
-    make_run(tmp_path, "05_code", "20250101-120000", summary={"claims": [{**good, "verdict": "reversed"}]})  # invalid
-    with pytest.warns(UserWarning, match="05_code.*does not follow from the interval"):
+    seeds = range(6)
+    up = claims.paired_claim("gppo_vs_dapo", "GPPO beats DAPO", "Fig. 3", "auc", {s: 0.6 + 0.01 * s for s in seeds},
+                             {s: 0.5 for s in seeds}, scope="a stand-in of <four> facts")
+    down = claims.paired_claim("erc", "ERC <stabilises>", "ERC paper", "cv", {s: 0.1 for s in seeds},
+                               {s: 0.3 + 0.01 * s for s in seeds}, direction=1)
+    side = claims.paired_claim("side", "a secondary", "Fig. 3", "auc", {s: 0.5 + 0.01 * (s % 2) for s in seeds},
+                               {s: 0.5 for s in seeds}, role="secondary")
+    ctl = claims.check("control", "the control holds", "reference §1", "spread", True, 0.0, criterion="spread 0")
+    aa = claims.paired_claim("aa", "A/A", "this project", "auc", {s: 0.5 + 0.01 * s for s in seeds},
+                             {s: 0.5 + 0.01 * ((s * 5) % 6) for s in seeds}, role="check", expect="inconclusive")
+    assert up["verdict"] == "reproduced" and down["verdict"] == "reversed" and aa["verdict"] == "pass"
+    make_run(tmp_path, "03_rl", "20250101-120000", summary={"claims": claims.finalize([up, side, ctl])})
+    make_run(tmp_path, "04_erc", "20250101-120000", summary={"claims": [down, aa]}, preset="smoke")
+    make_run(tmp_path, "05_code", "20250101-120000", summary={"claims": [{**up, "verdict": "reversed"}]})  # invalid
+    with pytest.warns(UserWarning, match="05_code.*does not follow from"):
         html = report.render_report(tmp_path).read_text()
     assert html.index("<h2>Claims</h2>") < html.index("<h2>Overview</h2>")
     claims_part = html[html.index("<h2>Claims</h2>"):html.index("<h2>Overview</h2>")]
-    assert "2 claims: 1 reproduced, 1 reversed, 0 inconclusive" in claims_part
-    assert '<span class="badge reproduced">reproduced</span>' in claims_part
-    assert '<span class="badge reversed">reversed</span>' in claims_part
-    assert "ERC &lt;stabilises&gt;" in claims_part  # escaped
+    # the tally counts the primary and secondary claims only; checks are apart
+    assert "3 claims tested against the papers (2 primary" in claims_part
+    assert "1 reproduced, 1 reversed, 1 inconclusive (primary: 1 reproduced, 1 reversed, 0 inconclusive)" in claims_part
+    assert "2 checks" in claims_part and "<h3>Checks (pass/fail, not counted)</h3>" in claims_part
+    checks_part = claims_part[claims_part.index("<h3>Checks"):]
+    assert "the control holds" in checks_part and "A/A" in checks_part and "GPPO beats DAPO" not in checks_part
+    # primaries first, every verdict phrased for the stand-in, the scope column, escaped text
+    table = claims_part[claims_part.index("<table>"):claims_part.index("<h3>Checks")]
+    assert table.index("GPPO beats DAPO") < table.index("ERC &lt;stabilises&gt;") < table.index("a secondary")
+    assert "the stand-in shows the opposite direction" in table and "the stand-in shows the paper&#x27;s" in table
+    assert "a stand-in of &lt;four&gt; facts" in table and "(Holm)" in table
+    assert '<img src="data:image/png;base64,' in claims_part and "forest plot" in claims_part
     assert "04_erc</a> (smoke)" in claims_part and "verdicts mean nothing" in claims_part
     assert '<span class="badge smoke">smoke</span>' in html
     assert '<span class="badge ran">ran</span>' in html and '<span class="badge ok">' not in html

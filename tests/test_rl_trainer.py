@@ -2,6 +2,7 @@
 klear_lib.losses' loss, several updates per rollout make later ones off-policy, and it learns."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -400,3 +401,81 @@ def test_fork_token_mask_marks_the_result_digit_of_fork_steps(tiny):
     pos = int(fm[0].nonzero()[0])
     assert tok.decode(ids[0, :pos].tolist()).endswith("2 + 3 = ")
     assert not tasks.fork_token_mask(tok, ids, mask, ()).any()
+
+
+def test_random_stop_by_class_stops_only_the_named_classes_at_their_rates(tiny, tmp_path, monkeypatch):
+    """The ERC control matched per token class: tokens of the low-entropy bucket are stopped with probability 0.9,
+    every other token never; the gradient is the loss's with exactly those log-probs detached (the draws replayed
+    from the trainer's seeded generator). An untrained model's entropies are all high, so the replay moves the
+    bucket bounds to the batch's median old entropy."""
+    from klear_lib.train import rl as rl_module
+
+    klear = KlearLossConfig(loss_name="ppo_clip", filter_groups=False, sft_alpha=0.0,
+                            random_stop_classes="low/rest:0.9, mid/rest:0")
+    trainer = make_trainer(tiny, tmp_path, klear=klear, steps=2, rollouts=1)
+    batches = record_batches(trainer)
+    trainer.train()
+    inp = batches[1]
+    model = trainer.model
+    mask = (inp["completion_mask"] * inp["klear_keep"].unsqueeze(1)).bool()
+    median = float(inp["old_entropy"][mask].median())
+    monkeypatch.setattr(rl_module, "ENTROPY_BUCKETS", (("low", 0.0, median), ("mid", median, 1e9),
+                                                       ("high", 1e9, float("inf"))))
+    trainer._random_stop = torch.Generator().manual_seed(3)
+    model.zero_grad()
+    trainer._compute_loss(model, inp).backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    low = mask & (inp["old_entropy"] < median)
+    draw = torch.rand(mask.shape, generator=torch.Generator().manual_seed(3))
+    stopped = low & (draw < 0.9)
+    assert low.any() and (mask & ~low).any()  # both kinds of token are in the batch
+    model.zero_grad()
+    logp, _ = naive_logps_entropy(model, inp, TEMPERATURE)
+    masked, _ = compute_policy_loss("ppo_clip", old_log_prob=inp["old_per_token_logps"],
+                                    log_prob=torch.where(stopped, logp.detach(), logp),
+                                    advantages=inp["advantages"], response_mask=mask.float())
+    masked.backward()
+    for name, p in model.named_parameters():
+        assert torch.allclose(got[name], p.grad, atol=1e-5), name
+
+
+@pytest.mark.parametrize("table, message", [
+    ("low/fork", "CLASS:P"), ("tiny/rest:0.1", "CLASS one of"), ("low/rest:1.0", r"P in \[0, 1\)"),
+    ("low/rest:x", "CLASS:P"),
+])
+def test_random_stop_classes_are_checked(table, message):
+    with pytest.raises(ValueError, match=message):
+        KlearLossConfig(random_stop_classes=table)
+    with pytest.raises(ValueError, match="one control at a time"):
+        KlearLossConfig(random_stop_classes="low/rest:0.1", random_stop_frac=0.1)
+    assert KlearLossConfig(random_stop_classes="low/rest:0.1,high/fork:0.5").stop_classes() == {
+        "low/rest": 0.1, "high/fork": 0.5}
+
+
+def _count_evaluation(seen, model):
+    seen.append(1)
+    return {"avg_at_n": 0.5, "n": 1}
+
+
+def test_rollout_recorder_evaluates_at_its_boundaries_and_skips_the_start_when_told(tmp_path):
+    """Evaluations at rollouts 0, 2, 4 and the last (5) every 2 rollouts; without eval_start, not at 0; the probe
+    at every boundary either way."""
+    import types
+
+    from klear_lib import runs
+    from klear_lib.train.rl import RolloutRecorder
+
+    handler = types.SimpleNamespace(on_log=lambda *a, **k: None)
+    trainer = types.SimpleNamespace(model=None, control=types.SimpleNamespace(should_log=False),
+                                    callback_handler=handler, args=None, state=None)
+    for start, expected in ((True, [0, 2, 4, 5]), (False, [2, 4, 5])):
+        evaluated = []
+        with runs.MetricsWriter(tmp_path / f"m{start}.jsonl") as w:
+            rec = RolloutRecorder(w, {}, evaluate=functools.partial(_count_evaluation, evaluated),
+                                  eval_every=2, probe=lambda m: {"p": 1.0}, progress=lambda *_: None,
+                                  eval_start=start)
+            for r in range(6):
+                rec(trainer, {"rollout": r, "step": r, "final": r == 5})
+        records = runs.read_metrics(tmp_path / f"m{start}.jsonl")
+        assert [r["rollout"] for r in records if "eval/avg_at_n" in r] == expected
+        assert len(evaluated) == len(expected) and all(r["klear/p"] == 1.0 for r in records)

@@ -213,6 +213,35 @@ def test_fork_probe_is_the_next_token_probability_of_the_right_and_wrong_digit()
     assert len(right) == 4  # two probes per fact
 
 
+def test_rest_probe_is_the_right_result_digit_at_every_step_of_the_non_fork_problems():
+    """Second implementation: each step's prefix written out by hand from the operands, one forward pass per probe
+    without padding; the fork problems are left out."""
+    from klear_lib.evaluation.heldout import rest_probe
+
+    train, held = tasks.make_splits(0, 64, 48)
+    tok = models.build_tokenizer(tasks.corpus(train))
+    model = models.build_tiny_model(tok, models.TinyModelSpec(hidden_size=32, num_hidden_layers=1,
+                                                              num_attention_heads=2, num_key_value_heads=1,
+                                                              intermediate_size=64), seed=3)
+    facts = tasks.parse_fork_facts("2+3->6,9+3->1")
+    got = rest_probe(model, tok, held, facts)
+    rest = [p for p in held if not tasks.is_fork_problem(p, facts)][:tasks.REST_PROBE_PROBLEMS]
+    assert 0 < len(rest) < len(held)  # some held-out problems need a fork fact and are left out
+    expected = []
+    for p in rest:
+        ops, value, lines = p.operands, p.operands[0], ""
+        head = tok.apply_chat_template(tasks.prompt_messages(p), tokenize=False, add_generation_prompt=True)
+        for b in ops[1:]:
+            ids = torch.tensor([tok(head + "<think>\n" + lines + f"{value} + {b} = ", add_special_tokens=False)
+                                ["input_ids"]])
+            with torch.no_grad():
+                probs = torch.softmax(model(input_ids=ids).logits[0, -1].float(), -1)
+            expected.append(float(probs[tok.convert_tokens_to_ids(str((value + b) % 10))]))
+            lines += f"{value} + {b} = {(value + b) % 10}\n"
+            value = (value + b) % 10
+    assert got["p_correct_rest"] == pytest.approx(sum(expected) / len(expected), abs=1e-5)
+
+
 # -- the branch program-synthesis task (notebook 05) --------------------------------------------------------------
 def test_branch_code_problem_hand_computed_and_splits_hold_out_whole_functions():
     p = tasks.branch_code_problem((7, 2, 5, 1))

@@ -229,3 +229,29 @@ def test_near_miss_teacher_keeps_graded_accuracy_with_one_late_wrong_step():
             assert len(wrong) == (0 if ok else 1)  # a wrong answer has exactly one wrong step ...
             assert all(i in nm.late_steps(len(lines)) for i in wrong)  # ... in the late half
         assert abs(right / len(probs) - nm.accuracy[lvl - 1]) < 0.03, (lvl, right / len(probs))
+
+
+def test_correct_counterparts_keep_prompts_and_count_and_correct_every_wrong_response():
+    """Notebook 02's coverage-matched arm: the same questions in the same order, every response right; a right
+    response is kept as it was, a wrong one becomes the teacher's chain without its wrong step (every step but one
+    shared with the near miss)."""
+    train, _ = tasks.make_splits(0, 400, 8)
+    teacher = teachers.near_miss_matching(teachers.GRADED_TEACHER)
+    pool = teachers.source_samples(teacher, train, 300, seed=1)
+    wrong = [s for s in pool if not s["verdict"]]
+    assert len(wrong) > 20
+    fixed = teachers.correct_counterparts(pool, train, teacher)
+    assert [s["prompt"] for s in fixed] == [s["prompt"] for s in pool] and all(s["verdict"] for s in fixed)
+    assert all(f is s for f, s in zip(fixed, pool) if s["verdict"])
+    by_q = {p.question: p for p in train}
+    for f, s in zip(fixed, pool):
+        if not s["verdict"]:
+            assert tasks.exact_answer_reward(f["response"], by_q[f["prompt"]].answer)[0] == 1.0
+            a, b = f["response"].splitlines(), s["response"].splitlines()
+            assert len(a) == len(b) and sum(x != y for x, y in zip(a, b)) >= 1
+            # the near miss is right up to its wrong step: the two chains share their first lines
+            first = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+            assert a[:first] == b[:first] and first >= 1
+    with pytest.raises(ValueError, match="not among the problems"):
+        teachers.correct_counterparts(wrong[:1], train[:1] if train[0].question != wrong[0]["prompt"] else train[1:2],
+                                      teacher)

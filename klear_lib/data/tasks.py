@@ -272,6 +272,25 @@ def fork_probe_prefixes(facts: tuple[ForkFact, ...]) -> list[tuple[Problem, str,
     return probes
 
 
+REST_PROBE_PROBLEMS = 32  # non-fork problems of the rest probe (klear/p_correct_rest)
+
+
+def rest_probe_prefixes(problems: list[Problem], facts: tuple[ForkFact, ...],
+                        k: int = REST_PROBE_PROBLEMS) -> list[tuple[Problem, str, int]]:
+    """Fixed probes of what the model already knows: the first ``k`` problems of ``problems`` whose correct chain
+    uses no fork fact, each step's result digit with the correct response up to it. Returns ``(problem, response
+    prefix, right digit)``; the next token after the prefix is that digit."""
+    probes = []
+    for p in [q for q in problems if not is_fork_problem(q, facts)][:k]:
+        lines, value = [], p.operands[0]
+        for b in p.operands[1:]:
+            new = (value + b) % MODULUS
+            probes.append((p, "<think>\n" + "".join(line + "\n" for line in lines) + f"{value} + {b} = ", new))
+            lines.append(f"{value} + {b} = {new}")
+            value = new
+    return probes
+
+
 def prompt_messages(problem: Problem) -> list[dict]:
     """The chat prompt for one problem (conversational format, as TRL trainers take it)."""
     return [{"role": "user", "content": problem.question}]

@@ -252,6 +252,29 @@ def near_miss_matching(spec: TeacherSpec, *, name: str = "near_miss", late_share
                                        f"({', '.join(f'{a:.2f}' for a in acc)})")
 
 
+def correct_counterparts(samples: list[dict], problems: list[Problem], teacher: NearMissTeacher) -> list[dict]:
+    """``samples`` with every incorrect response replaced by ``teacher``'s correct response to the same problem (the
+    near miss without its wrong step: the same procedure and style), in order: the same prompts, the same count,
+    every response right. Notebook 02's coverage-matched arm (Only-True covering Mixed's distinct questions).
+    ``problems`` must hold every sample's question."""
+    by_question = {p.question: p for p in problems}
+    right = NearMissTeacher(f"{teacher.name}_correct", (1.0,) * len(LEVELS), late_share=teacher.late_share,
+                            levels=teacher.levels)
+    out = []
+    for i, s in enumerate(samples):
+        if s["verdict"]:
+            out.append(s)
+            continue
+        if s["prompt"] not in by_question:
+            raise ValueError(f"sample {i}: its question {s['prompt']!r} is not among the problems given")
+        p = by_question[s["prompt"]]
+        response = right.respond(p, random.Random(0))  # no draw decides anything at accuracy 1
+        if exact_answer_reward(response, p.answer)[0] != 1.0:
+            raise AssertionError(f"the correct counterpart of sample {i} is not correct: {response!r}")
+        out.append({**s, "response": response, "verdict": True, "corrected": True})
+    return out
+
+
 def source_samples(spec: TeacherSpec, problems: list[Problem], n: int, *, seed: int) -> list[dict]:
     """``n`` samples of one source: problems drawn (with replacement) from those of ``problems`` whose level the
     source covers, one response each. Each sample: prompt, response, source, verdict (the response's answer

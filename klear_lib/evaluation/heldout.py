@@ -16,6 +16,7 @@ from klear_lib.data.tasks import (
     fork_probe_prefixes,
     is_fork_problem,
     prompt_messages,
+    rest_probe_prefixes,
 )
 from klear_lib.rollout import generate
 
@@ -69,6 +70,32 @@ def evaluate_heldout(
     return out
 
 
+def _digit_probabilities(model, tokenizer, probes: list[tuple[Problem, str, tuple[int, ...]]]) -> torch.Tensor:
+    """For each ``(problem, response prefix, digits)``, the next-token probability of each digit after the chat
+    prompt and the prefix, at temperature 1, in one forward pass: (P, len(digits)). Each digit must be one token
+    after the prefix."""
+    texts, ids = [], []
+    for problem, prefix, digits in probes:
+        head = tokenizer.apply_chat_template(prompt_messages(problem), tokenize=False, add_generation_prompt=True)
+        ids_prefix = tokenizer(head + prefix, add_special_tokens=False)["input_ids"]
+        row = []
+        for digit in digits:
+            full = tokenizer(head + prefix + str(digit), add_special_tokens=False)["input_ids"]
+            if full[:-1] != ids_prefix:
+                raise ValueError(f"probe of {problem.question!r}: the digit {digit} is not one token after the prefix "
+                                 f"{prefix!r} with this tokenizer (the probes need single-token digits)")
+            row.append(full[-1])
+        texts.append(head + prefix)
+        ids.append(row)
+    was_training = model.training
+    model.eval()
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    logits = model(**enc).logits[:, -1, :].float()  # (P, V), left padding: the last position is the prefix's end
+    probs = torch.softmax(logits, dim=-1)
+    model.train(was_training)
+    return probs.gather(1, torch.tensor(ids, device=probs.device))  # (P, len(digits))
+
+
 @torch.no_grad()
 def fork_probe(model, tokenizer, facts: tuple[ForkFact, ...]) -> dict:
     """Mean probability of the right digit at the fork positions of fixed probes (``tasks.fork_probe_prefixes``:
@@ -79,27 +106,23 @@ def fork_probe(model, tokenizer, facts: tuple[ForkFact, ...]) -> dict:
     probes = fork_probe_prefixes(facts)
     if not probes:
         return {}
-    texts, right, wrong = [], [], []
-    for problem, prefix, fact in probes:
-        head = tokenizer.apply_chat_template(prompt_messages(problem), tokenize=False, add_generation_prompt=True)
-        ids_prefix = tokenizer(head + prefix, add_special_tokens=False)["input_ids"]
-        digit_ids = []
-        for digit in (fact.right, fact.wrong):
-            ids = tokenizer(head + prefix + str(digit), add_special_tokens=False)["input_ids"]
-            if ids[:-1] != ids_prefix:
-                raise ValueError(f"fork probe {fact}: the digit {digit} is not one token after the prefix {prefix!r} "
-                                 "with this tokenizer (the probe needs single-token digits)")
-            digit_ids.append(ids[-1])
-        texts.append(head + prefix)
-        right.append(digit_ids[0])
-        wrong.append(digit_ids[1])
-    was_training = model.training
-    model.eval()
-    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-    logits = model(**enc).logits[:, -1, :].float()  # (P, V), left padding: the last position is the prefix's end
-    probs = torch.softmax(logits, dim=-1)
-    rows = torch.arange(len(texts), device=probs.device)
-    p_right = probs[rows, torch.tensor(right, device=probs.device)]  # (P,)
-    p_wrong = probs[rows, torch.tensor(wrong, device=probs.device)]  # (P,)
-    model.train(was_training)
-    return {"p_correct_fork": float(p_right.mean()), "p_wrong_fork": float(p_wrong.mean())}
+    p = _digit_probabilities(model, tokenizer, [(prob, prefix, (f.right, f.wrong)) for prob, prefix, f in probes])
+    return {"p_correct_fork": float(p[:, 0].mean()), "p_wrong_fork": float(p[:, 1].mean())}
+
+
+@torch.no_grad()
+def rest_probe(model, tokenizer, problems: list[Problem], facts: tuple[ForkFact, ...]) -> dict:
+    """Mean probability of the right result digit at every step of the first ``tasks.REST_PROBE_PROBLEMS``
+    non-fork problems of ``problems`` (``tasks.rest_probe_prefixes``: the correct chain up to each result), in one
+    forward pass at temperature 1: ``{"p_correct_rest": ...}``, the metric ``klear/p_correct_rest``. What the
+    SFT start already knows (≈0.99): a run that loses it is unstable, whatever it does at the forks."""
+    probes = rest_probe_prefixes(problems, facts)
+    if not probes:
+        return {}
+    p = _digit_probabilities(model, tokenizer, [(prob, prefix, (right,)) for prob, prefix, right in probes])
+    return {"p_correct_rest": float(p[:, 0].mean())}
+
+
+def arithmetic_probes(model, tokenizer, facts: tuple[ForkFact, ...], problems: list[Problem]) -> dict:
+    """Both probes of the arithmetic task with fork facts, as ``run_rl`` logs them every rollout."""
+    return {**fork_probe(model, tokenizer, facts), **rest_probe(model, tokenizer, problems, facts)}

@@ -53,9 +53,9 @@ from trl import GRPOConfig, GRPOTrainer
 
 from klear_lib.advantages import grpo_advantages, zero_advantage_group_mask
 from klear_lib.data.tasks import exact_answer_reward, fork_token_mask, parse_fork_facts, prompt_messages
-from klear_lib.evaluation.heldout import evaluate_heldout, fork_probe
+from klear_lib.evaluation.heldout import arithmetic_probes, evaluate_heldout
 from klear_lib.logprobs import IGNORE_INDEX, token_logprobs_and_entropy
-from klear_lib.losses import compute_policy_loss, entropy_diagnostics, positive_sample_loss
+from klear_lib.losses import ENTROPY_BUCKETS, compute_policy_loss, entropy_diagnostics, positive_sample_loss
 from klear_lib.recipe import KlearLossConfig
 from klear_lib.train.tracking import add_hparams, tracking_env
 from klear_lib.train.tracking import names as tracker_names
@@ -224,6 +224,9 @@ class KlearGRPOTrainer(GRPOTrainer):
         self.focus = focus  # (prompt_ids, completion_ids, completion_mask) -> (B, T) bool: the tokens the clip
         # statistics are also restricted to (``actor/*_fork``), e.g. the fork digits of the arithmetic task
         self._random_stop = torch.Generator().manual_seed(self.args.seed)  # the ERC control's own draws
+        self._stop_table = self.klear.stop_classes()
+        if any(name.endswith("/fork") and p > 0 for name, p in self._stop_table.items()) and focus is None:
+            raise ValueError("random_stop_classes names fork classes, but the task has no fork tokens (no focus)")
         self._capture_old_entropy = False
         self._captured_old_entropy: torch.Tensor | None = None
         self._last_rewards: torch.Tensor | None = None
@@ -453,9 +456,16 @@ class KlearGRPOTrainer(GRPOTrainer):
         old_entropy = entropy.detach() if old_entropy is None else old_entropy
         k = self.klear
         pg_log_prob, stopped = log_prob, None
-        if k.random_stop_frac > 0:  # the ERC control: a random token mask, same effect as ERC's stop-gradient
+        classes = self._token_classes(inputs, mask, old_entropy) if self.focus is not None else None
+        if k.random_stop_frac > 0 or self._stop_table:  # the ERC control: a random mask, as ERC's stop-gradient
             draw = torch.rand(mask.shape, generator=self._random_stop).to(mask.device)
-            stopped = (draw < k.random_stop_frac) & mask.bool()  # (B, T)
+            if self._stop_table:  # per token class: ERC's stopped share where ERC stopped it
+                p = torch.zeros_like(mask, dtype=torch.float)
+                for name, in_class in (classes or self._token_classes(inputs, mask, old_entropy)).items():
+                    p = torch.where(in_class, torch.tensor(self._stop_table.get(name, 0.0), device=p.device), p)
+            else:
+                p = torch.full_like(mask, k.random_stop_frac, dtype=torch.float)
+            stopped = (draw < p) & mask.bool()  # (B, T)
             pg_log_prob = torch.where(stopped, log_prob.detach(), log_prob)
         loss, metrics = compute_policy_loss(
             k.loss_name,
@@ -495,6 +505,8 @@ class KlearGRPOTrainer(GRPOTrainer):
         metrics.update(entropy_diagnostics(entropy, old_entropy, mask, erc_low=pl.erc_low, erc_high=pl.erc_high))
         if stopped is not None:
             metrics["actor/random_stop_frac"] = float(stopped.sum() / mask.sum().clamp(min=1))
+        if classes is not None:
+            metrics.update(self._class_metrics(classes, mask, stopped, entropy, old_entropy))
         if self.focus is not None:
             metrics.update(self._focus_metrics(inputs, mask, old_log_prob, log_prob, entropy, old_entropy))
         # TRL's names for the clip fractions too, for those who read GRPOTrainer's logs (glossary: clip_ratio/*)
@@ -513,6 +525,35 @@ class KlearGRPOTrainer(GRPOTrainer):
 
 
     @torch.no_grad()
+    def _token_classes(self, inputs, mask, old_entropy) -> dict[str, torch.Tensor]:
+        """The token classes of the ERC control: ``{"<bucket>/<fork|rest>": (B, T) bool}``, the bucket of the rollout
+        policy's entropy (``losses.ENTROPY_BUCKETS``), fork = a ``focus`` token (none without a focus)."""
+        valid = mask.bool()
+        fork = (self.focus(inputs["prompt_ids"], inputs["completion_ids"], mask) if self.focus is not None
+                else torch.zeros_like(valid)) & valid
+        out = {}
+        for name, lo, hi in ENTROPY_BUCKETS:
+            in_bucket = valid & (old_entropy >= lo) & (old_entropy < hi)
+            out[f"{name}/fork"], out[f"{name}/rest"] = in_bucket & fork, in_bucket & ~fork
+        return out
+
+    def _class_metrics(self, classes, mask, stopped, entropy, old_entropy) -> dict:
+        """Per token class its share of the response tokens and the share of it stopped: by the random control
+        where it runs, else by ERC's bounds (nothing when neither is on)."""
+        pl = self.klear.policy_loss
+        if stopped is None and pl.erc_low is not None and pl.erc_high is not None:
+            rho = (entropy.detach() + 1e-8) / (old_entropy + 1e-8)  # reference §3
+            stopped = ((rho <= pl.erc_low) | (rho >= pl.erc_high)) & mask.bool()
+        total = mask.sum().clamp(min=1)
+        out = {}
+        for name, in_class in classes.items():
+            tag = name.replace("/", "_")
+            n = in_class.sum()
+            out[f"klear/token_share/{tag}"] = float(n / total)
+            if stopped is not None and int(n) > 0:
+                out[f"klear/stopped_frac/{tag}"] = float((stopped & in_class).sum() / n)
+        return out
+
     def _focus_metrics(self, inputs, mask, old_log_prob, log_prob, entropy, old_entropy) -> dict:
         """The clip statistics of the loss restricted to the ``focus`` tokens, and their share of the tokens."""
         fmask = self.focus(inputs["prompt_ids"], inputs["completion_ids"], mask) & mask.bool()  # (B, T)
@@ -628,12 +669,13 @@ class MetricsCallback(TrainerCallback):
 class RolloutRecorder:
     """The ``on_rollout`` callback of ``run_rl``: one record per rollout boundary in ``metrics.jsonl`` with the
     rollout's ``klear/*`` counts and generation metrics, the fork probe (``klear/p_correct_fork``) when the task
-    has fork facts, and the held-out evaluation (``eval/*``) every ``eval_every`` rollouts, before RL and at the
-    end. ``history`` keeps the records that hold an evaluation."""
+    has fork facts, and the held-out evaluation (``eval/*``) every ``eval_every`` rollouts, before RL (unless
+    ``eval_start`` is False) and at the end. ``history`` keeps the records that hold an evaluation."""
 
-    def __init__(self, writer, tags: dict, *, evaluate, eval_every: int, probe=None, progress=print):
+    def __init__(self, writer, tags: dict, *, evaluate, eval_every: int, probe=None, progress=print,
+                 eval_start: bool = True):
         self.writer, self.tags, self.evaluate, self.every, self.probe = writer, tags, evaluate, eval_every, probe
-        self.progress = progress
+        self.progress, self.eval_start = progress, eval_start
         self.history: list[dict] = []
         self.clock = Stopwatch()
 
@@ -641,7 +683,8 @@ class RolloutRecorder:
         rec = {**self.tags, **record}
         if self.probe is not None:
             rec.update({f"klear/{k}": v for k, v in self.probe(trainer.model).items()})
-        if record["rollout"] % self.every == 0 or record["final"]:
+        due = record["rollout"] % self.every == 0 and (record["rollout"] > 0 or self.eval_start)
+        if due or record["final"]:
             res = self.evaluate(trainer.model)  # {"avg_at_n": float, "n": int, other floats, "by_level": {...}}
             rec.update({f"eval/{k}": v for k, v in res.items() if isinstance(v, float)})
             rec.update({f"eval/avg_at_n_level{lvl}": v for lvl, v in res.get("by_level", {}).items()})
@@ -698,7 +741,7 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
             fork_facts=facts,
         )
     if probe is None and facts:
-        probe = partial(fork_probe, tokenizer=tokenizer, facts=facts)
+        probe = partial(arithmetic_probes, tokenizer=tokenizer, facts=facts, problems=heldout)
     focus = None
     if facts:
         def focus(prompt_ids, completion_ids, completion_mask):
@@ -744,6 +787,7 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         **tracker_names(tracking_dir),  # the unit is the run, the notebook the project (klear_lib.train.tracking)
     )
     recorder = RolloutRecorder(writer, tags, evaluate=lambda m: evaluate(m), eval_every=cfg.eval_every, probe=probe,
+                               eval_start=getattr(cfg, "eval_start", True),
                                progress=progress)
     tracking = contextlib.ExitStack()
     # the trackers read their folders and names when the trainer is built
