@@ -132,7 +132,7 @@ def test_a_quick_run_opens_a_prepared_copy_outside_the_tracked_files(checkout):
     cells = nbformat.read(copy, as_version=4).cells
     injected = next(c for c in cells if "injected-parameters" in c.metadata.get("tags", []))
     src = injected.source
-    assert 'sft_lr = 0.004' in src and 'lrs = "1e-4"' in src and 'seeds = "0"' in src and "run_dir" not in src
+    assert 'sft_lr = 0.004' in src and 'rl_lr = 0.0001' in src and 'seeds = "0"' in src and "run_dir" not in src
     config = lab_config(checkout, copy)
     assert json.loads(config.read_text())["ServerApp"]["default_url"] == \
         "/lab/tree/outputs/lab/03_rl_clip_variants.smoke.ipynb"

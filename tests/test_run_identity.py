@@ -90,8 +90,9 @@ def test_papermill_alone_records_the_preset_and_the_report_marks_custom_runs(tmp
 
 
 def test_the_report_marks_smoke_and_custom_claims(tmp_path):
-    claim = {"id": "c", "claim": "a beats b", "source": "paper", "metric": "m", "effect": 0.1, "ci_low": -0.1,
-             "ci_high": 0.3, "seeds": 1, "verdict": "inconclusive", "direction": 1}
+    from klear_lib import claims
+
+    claim = claims.paired_claim("c", "a beats b", "paper", "m", {0: 0.6}, {0: 0.5})  # one seed: inconclusive
     for nb, preset in (("01_a", "smoke"), ("02_b", "custom"), ("03_c", "tiny")):
         d = runs.create_run_dir(tmp_path, nb, stamp="20250101-120000")
         runs.write_run_metadata(d, {"seed": 0})
