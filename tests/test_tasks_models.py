@@ -189,15 +189,20 @@ def test_fork_steps_follow_the_correct_chain():
         tasks.parse_fork_facts("2+3->6,2+3->7")
 
 
+def _probe_model(train):
+    """A small untrained model and tokenizer for the probes' tests (random, so every digit has some mass)."""
+    tok = models.build_tokenizer(tasks.corpus(train))
+    spec = models.TinyModelSpec(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                intermediate_size=64)
+    return tok, models.build_tiny_model(tok, spec, seed=3)
+
+
 def test_fork_probe_is_the_next_token_probability_of_the_right_and_wrong_digit():
     """Second implementation: the full text's logits, one probe at a time, without padding."""
     from klear_lib.evaluation.heldout import fork_probe
 
     train, _ = tasks.make_splits(0, 64, 4)
-    tok = models.build_tokenizer(tasks.corpus(train))
-    model = models.build_tiny_model(tok, models.TinyModelSpec(hidden_size=32, num_hidden_layers=1,
-                                                              num_attention_heads=2, num_key_value_heads=1,
-                                                              intermediate_size=64), seed=3)
+    tok, model = _probe_model(train)
     facts = tasks.parse_fork_facts("2+3->6,9+3->1")
     got = fork_probe(model, tok, facts)
     right, wrong = [], []
@@ -219,10 +224,7 @@ def test_rest_probe_is_the_right_result_digit_at_every_step_of_the_non_fork_prob
     from klear_lib.evaluation.heldout import rest_probe
 
     train, held = tasks.make_splits(0, 64, 48)
-    tok = models.build_tokenizer(tasks.corpus(train))
-    model = models.build_tiny_model(tok, models.TinyModelSpec(hidden_size=32, num_hidden_layers=1,
-                                                              num_attention_heads=2, num_key_value_heads=1,
-                                                              intermediate_size=64), seed=3)
+    tok, model = _probe_model(train)
     facts = tasks.parse_fork_facts("2+3->6,9+3->1")
     got = rest_probe(model, tok, held, facts)
     rest = [p for p in held if not tasks.is_fork_problem(p, facts)][:tasks.REST_PROBE_PROBLEMS]
