@@ -119,9 +119,12 @@ def launcher() -> str:
 LAUNCHER_ENV = "KLEAR_LAUNCHER"
 
 
-def cache_root() -> Path:
-    """Shared by every notebook's runs: models that several notebooks start from (the SFT warm start)."""
-    return output_root() / ".cache"
+def cache_root(run_path: Path) -> Path:
+    """Where a run's shared models are cached (the SFT warm start, the SFT notebooks' base models): ``.cache/`` in
+    the output root the run directory ``run_path`` (``<root>/<notebook>/<stamp>``) lies in, so that runs into one
+    root share them and a run into another root (``klear run --output-root``, the test suite's run folders) neither
+    reads nor fills the checkout's."""
+    return Path(run_path).parent.parent / ".cache"
 
 
 def config_from(cls, namespace: Mapping[str, Any], **fixed: Any):

@@ -173,7 +173,7 @@ clock = time.perf_counter()
 base_samples = teachers.mixture_samples([teachers.STYLE_SOURCES[s] for s in CONDITIONS["styles"]], train,
                                         seed=cfg.data_seed, step_error=base_error_rate)
 corpus = teachers.corpus([POOLS[c][n] for c, names in CONDITIONS.items() for n in names], train)
-base_dir = sft_jobs.base_model(cfg, corpus, base_samples, base_stage, cache_root=notebook.cache_root(),
+base_dir = sft_jobs.base_model(cfg, corpus, base_samples, base_stage, cache_root=notebook.cache_root(run_path),
                                out_dir=run_path / "base")
 model0, tokenizer = models.load_model_and_tokenizer(base_dir, dtype=torch.float32)
 EVAL = dict(n=cfg.eval_n, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p, max_new_tokens=cfg.max_new_tokens)

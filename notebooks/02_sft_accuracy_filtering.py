@@ -159,7 +159,7 @@ clock = time.perf_counter()
 base_train = [p for p in train if p.level in base_level_list]
 corpus = teachers.corpus([spec, teachers.GRADED_TEACHER], train)
 base_dir = sft_jobs.base_model(cfg, corpus, sft_samples(base_train, error_rate=base_error_rate, seed=cfg.data_seed),
-                               base_stage, cache_root=notebook.cache_root(), out_dir=run_path / "base")
+                               base_stage, cache_root=notebook.cache_root(run_path), out_dir=run_path / "base")
 model0, tokenizer = models.load_model_and_tokenizer(base_dir, dtype=torch.float32)
 EVAL = dict(n=cfg.eval_n, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p, max_new_tokens=cfg.max_new_tokens)
 runs.set_seed(cfg.seed)

@@ -185,7 +185,7 @@ assert (on_policy["advantage"].abs() < 1e-12).all(), "on-policy, every loss must
 # accuracy at T 0.6 is split into the *fork problems* (their correct chain uses a fork fact) and the rest.
 
 # %%
-ws = arithmetic_warm_start(base, run_path / "sft", cache_root=notebook.cache_root())
+ws = arithmetic_warm_start(base, run_path / "sft", cache_root=notebook.cache_root(run_path))
 start = ws.start
 
 # %% [markdown]

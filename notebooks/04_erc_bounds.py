@@ -118,7 +118,7 @@ print(f"{len(arm_list)} arms x {len(seed_list)} seeds; {base.rollouts} rollouts 
 # ## SFT warm start (shared with notebooks 03, 06 and 07; cached)
 
 # %%
-ws = arithmetic_warm_start(base, run_path / "sft", cache_root=notebook.cache_root())
+ws = arithmetic_warm_start(base, run_path / "sft", cache_root=notebook.cache_root(run_path))
 start = ws.start
 
 # %% [markdown]

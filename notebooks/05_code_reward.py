@@ -127,7 +127,7 @@ for regime, spec in REGIMES.items():
     samples = [{"prompt": tasks.code_prompt_messages(p), "completion": [{"role": "assistant", "content":
                 tasks.branch_code_solution(p, rng, error_rate=spec["error_rate"])}]} for p in train]
     sft_dirs[regime] = sft_jobs.base_model(base, tasks.branch_code_corpus(train), samples,
-                                           SFTStageConfig.from_experiment(base), cache_root=notebook.cache_root(),
+                                           SFTStageConfig.from_experiment(base), cache_root=notebook.cache_root(run_path),
                                            out_dir=run_path / f"sft_{regime}")
     model0, tokenizer = models.load_model_and_tokenizer(sft_dirs[regime], dtype=torch.float32)
     runs.set_seed(base.seed)

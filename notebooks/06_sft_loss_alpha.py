@@ -99,7 +99,7 @@ print(f"{len(configs)} arms x {len(seed_list)} seeds; {base.rollouts} rollouts o
 # ## SFT warm start (shared with notebooks 03, 04 and 07; cached)
 
 # %%
-ws = arithmetic_warm_start(base, run_path / "sft", cache_root=notebook.cache_root())
+ws = arithmetic_warm_start(base, run_path / "sft", cache_root=notebook.cache_root(run_path))
 start = ws.start
 
 # %% [markdown]

@@ -162,7 +162,7 @@ if train_tiny:
     from klear_lib.train.sft import arithmetic_warm_start
 
     clock = time.perf_counter()
-    ws = arithmetic_warm_start(base, run_path / "sft", cache_root=run_path.parent.parent / ".cache")
+    ws = arithmetic_warm_start(base, run_path / "sft", cache_root=notebook.cache_root(run_path))
     runs.set_seed(seed)
     rl_model, rl_tok = models.load_model_and_tokenizer(ws.sft_dir, dtype=torch.float32)
     with runs.MetricsWriter(run_path / "metrics.jsonl") as writer:

@@ -44,3 +44,8 @@ def test_config_from_takes_the_fields_a_notebook_defines():
     assert (cfg.rollouts, cfg.rl_lr, cfg.sft_alpha) == (3, 1e-4, 0.0)
     with pytest.raises(ValueError, match="rl_lr must be > 0"):
         notebook.config_from(RLExperimentConfig, {"rl_lr": -1.0})
+
+
+def test_a_runs_cache_is_in_its_own_output_root(tmp_path):
+    run = tmp_path / "root" / "03_rl_clip_variants" / "20260101-000000"
+    assert notebook.cache_root(run) == tmp_path / "root" / ".cache"

@@ -45,3 +45,5 @@ def test_the_readme_papermill_command_runs_at_smoke(tmp_path):
     assert record["params"]["sft_lr"] == 0.004  # a float, as the preset means it
     run = report.read_run(run_dir)
     assert (run.status, run.preset) == ("ran", "smoke")
+    # the run's cached SFT start lies in its own output root, beside its run directories (notebook.cache_root)
+    assert any((out_root / ".cache").glob("*/manifest.json")), sorted(out_root.iterdir())
