@@ -51,7 +51,8 @@ ROLES = ("primary", "secondary", "check")
 BASE_FIELDS = ("id", "claim", "source", "metric", "role", "effect", "seeds", "verdict")  # every claim and check
 PAIRED_FIELDS = ("ci_low", "ci_high", "p_value", "p_t", "p_sign", "sd", "mde", "per_seed", "direction")
 CLAIM_FIELDS = BASE_FIELDS + PAIRED_FIELDS  # a primary or secondary claim (and a paired check)
-OPTIONAL_FIELDS = ("note", "notebook", "scope", "p_adjusted", "expect", "outcome", "arms", "preset", "criterion")
+OPTIONAL_FIELDS = ("note", "notebook", "scope", "p_adjusted", "expect", "outcome", "arms", "preset", "criterion",
+                   "undetectable")
 DECLARED_FIELDS = ("id", "role", "claim", "source", "metric", "direction", "scope")
 DECLARED_OPTIONAL = ("expect", "arms")
 
@@ -175,24 +176,34 @@ def sign_flip_p(diffs: Sequence[float]) -> float:
     return hits / float(1 << n)
 
 
-# The whole rule's MDE in paired sds from 6 to 15 seeds, where the sign-flip condition costs power: the effect
-# at which the rule (t and sign-flip at 5%) decides in 80% of 40,000 simulated sets of Gaussian differences
-# (bisection on the effect; tests/test_claims.py re-measures two entries). Below 6 seeds the rule is the t-test;
-# above 15 the t formula is within 0.6% of the simulated value.
-RULE_MDE = {6: 1.802, 7: 1.354, 8: 1.203, 9: 1.097, 10: 1.015, 11: 0.944, 12: 0.898, 13: 0.853, 14: 0.816,
-            15: 0.782}
+# The whole rule's MDE in paired sds from 6 seeds on, where the sign-flip condition costs power: the effect at which
+# the rule (t and sign-flip at the level) decides in 80% of 40,000 simulated sets of Gaussian differences (bisection
+# on the effect; tests/test_claims.py re-measures entries). At 5% for 6-15 seeds; at Holm's first levels for up to
+# four secondary claims (5%/2, /3, /4) for 6-12 seeds. None: the sign-flip test cannot reach the level at all (its
+# smallest p is 2^(1-n)). Below 6 seeds the rule is the t-test, and beyond the table the t formula is within about
+# 4% of the simulated value (0.6% at 5% and 16 seeds).
+RULE_MDE = {
+    0.05: {6: 1.802, 7: 1.354, 8: 1.203, 9: 1.097, 10: 1.015, 11: 0.944, 12: 0.898, 13: 0.853, 14: 0.816, 15: 0.782},
+    0.025: {6: None, 7: 1.869, 8: 1.434, 9: 1.284, 10: 1.181, 11: 1.086, 12: 1.026},
+    0.05 / 3: {6: None, 7: 1.895, 8: 1.579, 9: 1.397, 10: 1.281, 11: 1.169, 12: 1.101},
+    0.0125: {6: None, 7: None, 8: 1.932, 9: 1.500, 10: 1.358, 11: 1.240, 12: 1.159},
+}
 
 
 def mde(sd: float, n: int, *, alpha: float = ALPHA, power: float = POWER) -> float:
-    """The smallest true mean difference the rule detects with probability ``power`` at ``n`` seeds and paired
-    sd ``sd``. For the two-sided paired t-test at ``alpha``: ``(t_{1-α/2, n-1} + t_{power, n-1}) · sd / √n``
-    (normal approximation with t quantiles); at the default α and power and 6-15 seeds, the simulated value of the
-    whole rule (``RULE_MDE``: the sign-flip condition makes it larger, 1.80 sd against 1.42 at 6 seeds). NaN
-    below 2 seeds."""
+    """The smallest true mean difference the rule detects with probability ``power`` at ``n`` seeds, paired sd
+    ``sd`` and level ``alpha`` (a secondary claim's: Holm's first level, ``ALPHA / m`` for m secondaries). For the
+    two-sided paired t-test: ``(t_{1-α/2, n-1} + t_{power, n-1}) · sd / √n`` (normal approximation with t
+    quantiles); with the sign-flip condition (from 6 seeds), the simulated ``RULE_MDE`` where it has the level and
+    ``n`` (1.80 sd against the t-test's 1.42 at 6 seeds and 5%), and infinity where the sign-flip test cannot reach
+    the level (2^(1-n) > α: no effect can be detected). NaN below 2 seeds."""
     if n < 2 or not math.isfinite(sd):
         return float("nan")
-    if alpha == ALPHA and power == POWER and n in RULE_MDE:
-        return RULE_MDE[n] * sd
+    if n >= SIGN_FLIP_FROM and 2.0 ** (1 - n) > alpha:
+        return float("inf")
+    table = next((t for a, t in RULE_MDE.items() if math.isclose(a, alpha, rel_tol=1e-9)), None)
+    if power == POWER and table is not None and n in table:
+        return float("inf") if table[n] is None else table[n] * sd
     return (t_quantile(1 - alpha / 2, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n)
 
 
@@ -261,7 +272,7 @@ def paired_claim(id: str, claim: str, source: str, metric: str, a: Mapping, b: M
     p = t["p"] if n < SIGN_FLIP_FROM else max(t["p"], p_sign)
     out = {"id": id, "claim": claim, "source": source, "metric": metric, "role": role, "effect": t["mean"],
            "ci_low": t["ci_low"], "ci_high": t["ci_high"], "seeds": n, "p_value": p, "p_t": t["p"],
-           "p_sign": p_sign, "sd": t["sd"] if n > 1 else None, "mde": _none_if_nan(mde(t["sd"], n, alpha=alpha)),
+           "p_sign": p_sign, "sd": t["sd"] if n > 1 else None, **_mde_fields(t["sd"], n, alpha),
            "per_seed": {str(s): d for s, d in zip(seeds, diffs)}, "direction": direction}
     outcome = decide(t["mean"], p, n, direction, alpha=alpha)
     if role == "check":
@@ -277,7 +288,14 @@ def paired_claim(id: str, claim: str, source: str, metric: str, a: Mapping, b: M
     return out
 
 
+def _mde_fields(sd: float, n: int, alpha: float) -> dict:
+    """``mde`` (null below 2 seeds and where nothing is detectable), and ``undetectable: True`` in that last case."""
+    value = mde(sd, n, alpha=alpha)
+    return {"mde": None, "undetectable": True} if math.isinf(value) else {"mde": _none_if_nan(value)}
+
+
 def _none_if_nan(x: float):
+    """NaN (one seed) and infinity (no effect detectable at these seeds) are written as null."""
     return None if x is None or not math.isfinite(x) else x
 
 
@@ -319,6 +337,9 @@ def finalize(claim_list: list[dict], declared: Mapping[str, Mapping] | None = No
     for c, p_adj in zip(secondary, holm([c["p_value"] for c in secondary])):
         c["p_adjusted"] = p_adj
         c["verdict"] = decide(c["effect"], p_adj, c["seeds"], c["direction"], alpha=alpha)
+        # the MDE at the first level Holm holds it to (alpha / m): what the run could detect as a secondary
+        c.pop("undetectable", None)
+        c.update(_mde_fields(c["sd"] if c["sd"] is not None else float("nan"), c["seeds"], alpha / len(secondary)))
     return validate_claims(claim_list, where=where, alpha=alpha)
 
 

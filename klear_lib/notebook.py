@@ -212,7 +212,8 @@ def claims_frame(claim_list: list[dict]):
         paired = "ci_low" in c
         rows.append({"id": c["id"], "role": c["role"], "effect": c["effect"],
                      "95% interval": f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]" if paired else "",
-                     "p": c.get("p_adjusted", c.get("p_value")), "mde": c.get("mde"), "seeds": c["seeds"],
+                     "p": c.get("p_adjusted", c.get("p_value")),
+                     "mde": "inf" if c.get("undetectable") else c.get("mde"), "seeds": c["seeds"],
                      "verdict": c["verdict"]})
     return pd.DataFrame(rows).round(4)
 

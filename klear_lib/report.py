@@ -509,8 +509,9 @@ def forest_plot(rows: Sequence[Mapping]) -> str:
     for ax, r in zip(axes, rows):
         dots = list(r["per_seed"].values())
         reach = max([abs(r["ci_low"]), abs(r["ci_high"]), *map(abs, dots), r.get("mde") or 0, 1e-12])
-        if r.get("mde"):
-            ax.axvspan(-r["mde"], r["mde"], color="#dddddd", lw=0)
+        if r.get("mde") or r.get("undetectable"):  # undetectable at these seeds: the whole axis
+            band = r["mde"] if r.get("mde") else 1.15 * reach
+            ax.axvspan(-band, band, color="#dddddd", lw=0)
         ax.axvline(0, color="#444", lw=0.8)
         ax.scatter(dots, [0.0] * len(dots), s=9, color="#777", alpha=0.7, zorder=2)
         c = colors[r.get("outcome", r["verdict"])]
@@ -535,6 +536,10 @@ def forest_plot(rows: Sequence[Mapping]) -> str:
             "primary claims first, the paired checks last (chk; the A/A row is the stand-in's noise floor). A dot is "
             "one seed's paired difference; the grey band holds the effects the run had less than 80% power to "
             "detect.</figcaption></figure>")
+
+
+def _mde_text(r: Mapping) -> str:
+    return "∞ (none detectable at these seeds)" if r.get("undetectable") else _num(r.get("mde"))
 
 
 def _num(x, digits=3):
@@ -563,7 +568,7 @@ def claims_html(latest: Mapping[str, "RunInfo"]) -> str:
             f'<td>{_e(r["claim"])}<br><span class="meta">{_e(r["id"])}</span></td><td>{_e(r["source"])}</td>'
             f'<td>{_e(r["metric"])}</td><td class="num">{_e(_signed(r["effect"]))}</td>'
             f'<td class="num">{_e(interval)}</td><td class="num">{_e(_num(p, 2))}'
-            f'{" (Holm)" if r["role"] == "secondary" else ""}</td><td class="num">{_e(_num(r.get("mde")))}</td>'
+            f'{" (Holm)" if r["role"] == "secondary" else ""}</td><td class="num">{_e(_mde_text(r))}</td>'
             f'{_td(r["seeds"])}<td>{_badge(r["verdict"])} {_e(VERDICT_TEXT[r["verdict"]])}</td>'
             f'<td class="meta">{_e(r.get("scope", ""))}</td></tr>')
     check_rows = []

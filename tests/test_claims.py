@@ -87,7 +87,7 @@ def test_mde_and_seeds_for_power():
     # the t formula at n 8: (t_{0.975,7} + t_{0.8,7}) / √8 = (2.3646 + 0.8960) / 2.8284 = 1.1528; the rule's
     # simulated value there is larger (the sign-flip condition): 1.203
     assert claims.mde(1.0, 8, alpha=0.0500001) == pytest.approx(1.1528, abs=2e-4)
-    assert claims.mde(1.0, 8) == claims.RULE_MDE[8] == 1.203
+    assert claims.mde(1.0, 8) == claims.RULE_MDE[0.05][8] == 1.203
     assert claims.mde(0.05, 8) == pytest.approx(0.05 * claims.mde(1.0, 8))
     assert math.isnan(claims.mde(1.0, 1))
     # below 6 seeds the rule is the t-test: the formula; the standard seeds for 80% power of a paired t at 5%
@@ -185,6 +185,31 @@ def test_the_mde_is_the_effect_the_rule_detects_four_times_in_five(n):
     share = np.mean([claims.paired_claim("x", "c", "T", "m", dict(enumerate(r)), {s: 0.0 for s in range(n)}
                                          )["verdict"] == "reproduced" for r in d])
     assert abs(share - 0.8) < 0.035
+
+
+def test_mde_at_holms_level_and_where_nothing_is_detectable():
+    # the sign-flip test's smallest p is 2^(1-n): at 6 seeds 1/32 = 0.031, above 0.05 / 2, so a secondary claim of
+    # a notebook with two secondaries cannot be decided at 6 seeds, whatever its effect
+    assert math.isinf(claims.mde(1.0, 6, alpha=0.025)) and math.isfinite(claims.mde(1.0, 7, alpha=0.025))
+    assert math.isinf(claims.mde(1.0, 7, alpha=0.0125)) and claims.mde(1.0, 8, alpha=0.0125) == 1.932
+    assert claims.mde(1.0, 4, alpha=0.025) > claims.mde(1.0, 4)  # the t formula at the stricter level
+    strong = {s: 1.0 + 0.01 * s for s in range(6)}
+    listed = claims.finalize([_claim("p", "primary", list(strong.values())), _claim("a", "secondary", [1] * 6),
+                              _claim("b", "secondary", list(strong.values()))])
+    a = next(c for c in listed if c["id"] == "b")
+    assert a["verdict"] == "inconclusive" and a["mde"] is None and a["undetectable"] is True
+    assert claims.validate_claims(listed) == listed
+
+
+def test_the_rule_mde_at_half_the_level_is_the_effect_it_detects_four_times_in_five():
+    n, level = 8, 0.025
+    rng = np.random.default_rng(21)
+    d = claims.mde(1.0, n, alpha=level) + rng.normal(size=(SETS, n))
+    hits = 0
+    for r in d:
+        t, p_sign = claims.paired_t(r, level=1 - level), claims.sign_flip_p(r)
+        hits += max(t["p"], p_sign) <= level and t["mean"] > 0
+    assert abs(hits / SETS - 0.8) < 0.035
 
 
 def claim_with(role="primary", **kw):
