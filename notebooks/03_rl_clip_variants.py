@@ -48,7 +48,7 @@
 # Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
 arms = "ppo_clip,gppo,ppo_clip_2x_lr"          # the pair the claim compares, and the step-size control
-seeds = "0,1,2,3,4,5,6,7,8,9,10,11"
+seeds = "0,1,2,3,4,5,6,7,8,9"
 model = "tiny"
 n_train = 6000
 n_heldout = 128
