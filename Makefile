@@ -71,7 +71,7 @@ test: $(STAMP)
 	@# The report notebook (00_*) gathers the other notebooks' smoke runs: pytest collects in argument order, so it
 	@# is named last.
 	$(PY) -m pytest -p no:cacheprovider tests $$(ls .nbval/*.ipynb | grep -v '/00_') $$(ls .nbval/00_*.ipynb) \
-	  --nbval-lax --sanitize-with tests/nbval_sanitize.cfg
+	  --nbval-lax --sanitize-with tests/nbval_sanitize.cfg --durations=25
 
 # JupyterLab at the repository root (so jupytext reads jupytext.toml: saving a notebook updates both halves of its
 # pair and leaves an unchanged one unchanged), opened on notebooks/, one entry per notebook (klear_lib.lab).
