@@ -17,6 +17,7 @@ the header, not its own.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import difflib
 import os
@@ -126,6 +127,7 @@ def compile_lock(uv: list[str], env: Environment, python: str, out: pathlib.Path
     cmd += ["--python-version", python, "--python-platform", PLATFORM, "--no-python-downloads", "--no-config",
             "--exclude-newer", EXCLUDE_NEWER, "--custom-compile-command", COMMAND, "--quiet", "-o", str(out)]
     if env.cpu_torch:
+        wheels.mkdir(parents=True, exist_ok=True)
         fetch_cpu_torch(wheels, python)
         cmd += ["--find-links", str(wheels)]
     res = subprocess.run(cmd, cwd=ROOT, env=uv_env(), capture_output=True, text=True)
@@ -141,23 +143,25 @@ def main(argv: list[str] | None = None) -> int:
     stale = []
     with tempfile.TemporaryDirectory(prefix="klear-lock-") as tmp:
         tmp = pathlib.Path(tmp)
-        wheels = tmp / "wheels"
-        wheels.mkdir()
-        for env in ENVIRONMENTS:
-            for python in env.pythons:
-                target = env.lock(python)
-                out = tmp / target.name if args.check else target
-                compile_lock(uv, env, python, out, wheels)
-                if not args.check:
-                    print(f"wrote {target.relative_to(ROOT)}: {count_pins(out)} packages")
-                    continue
-                old = target.read_text().splitlines(keepends=True) if target.exists() else []
-                new = out.read_text().splitlines(keepends=True)
-                if old != new:
-                    stale.append(target.relative_to(ROOT))
-                    sys.stdout.writelines(difflib.unified_diff(old, new, str(target.relative_to(ROOT)), "recompiled"))
-                else:
-                    print(f"{target.relative_to(ROOT)}: up to date ({count_pins(out)} packages)")
+        wheels = tmp / "wheels"  # one folder per Python version: the CPU torch wheel of each
+        jobs = [(env, python, env.lock(python)) for env in ENVIRONMENTS for python in env.pythons]
+        outs = [tmp / target.name if args.check else target for _, _, target in jobs]
+        # The resolutions are independent and wait mostly on PyPI: run them at once (uv locks its shared cache).
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as ex:
+            futures = [ex.submit(compile_lock, uv, env, python, out, wheels / python)
+                       for (env, python, _), out in zip(jobs, outs)]
+        for (env, python, target), out, fut in zip(jobs, outs, futures):
+            fut.result()  # a lock that does not resolve raises its SystemExit here, in the order of ENVIRONMENTS
+            if not args.check:
+                print(f"wrote {target.relative_to(ROOT)}: {count_pins(out)} packages")
+                continue
+            old = target.read_text().splitlines(keepends=True) if target.exists() else []
+            new = out.read_text().splitlines(keepends=True)
+            if old != new:
+                stale.append(target.relative_to(ROOT))
+                sys.stdout.writelines(difflib.unified_diff(old, new, str(target.relative_to(ROOT)), "recompiled"))
+            else:
+                print(f"{target.relative_to(ROOT)}: up to date ({count_pins(out)} packages)")
     if stale:
         print(f"stale: {', '.join(map(str, stale))}; run `{COMMAND}` and commit the locks", file=sys.stderr)
         return 1
