@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.klear-installed
+# Tests that compare the host before and after a hostile program: a process of their own (make test, pass 2)
+HOST_TESTS := tests/test_sandbox_hostile.py tests/test_reward_hostile.py tests/test_orphans.py
 PRESET ?= tiny
 export PYTHONUNBUFFERED := 1
 export HF_HUB_OFFLINE := 1
@@ -68,10 +70,18 @@ test: $(STAMP)
 	    $(VENV)/bin/klear prepare $$name --preset smoke --out .nbval/$$name.ipynb --run-dir .nbval/runs/$$name/$$stamp || exit 1; \
 	  fi; \
 	done
-	@# The report notebook (00_*) gathers the other notebooks' smoke runs: pytest collects in argument order, so it
-	@# is named last.
-	$(PY) -m pytest -p no:cacheprovider tests $$(ls .nbval/*.ipynb | grep -v '/00_') $$(ls .nbval/00_*.ipynb) \
-	  --nbval-lax --sanitize-with tests/nbval_sanitize.cfg --durations=25
+	@# Two passes. 1: the unit tests in two worker processes (pytest-xdist; an idle worker takes tests queued for
+	@# the other). 2: the smoke notebooks under nbval, the report (00_*) last since it gathers the other notebooks'
+	@# runs (pytest collects in argument order), and beside them, in a process of its own, the tests that check the
+	@# host unchanged around a hostile program: no test of theirs shares a process tree with another test, and
+	@# what they compare (their own descendants, sockets and planted files; the top level of home and checkout)
+	@# the notebooks do not change. Its output is printed when both are done.
+	$(PY) -m pytest -p no:cacheprovider -n 2 --dist worksteal tests $(HOST_TESTS:%=--ignore=%) --durations=15
+	$(PY) -m pytest -p no:cacheprovider $(HOST_TESTS) --durations=5 > .nbval/host-tests.log 2>&1 & host=$$!; \
+	$(PY) -m pytest -p no:cacheprovider $$(ls .nbval/*.ipynb | grep -v '/00_') $$(ls .nbval/00_*.ipynb) \
+	  --nbval-lax --sanitize-with tests/nbval_sanitize.cfg; nb=$$?; \
+	wait $$host; rc=$$?; cat .nbval/host-tests.log; \
+	[ $$nb -eq 0 ] && [ $$rc -eq 0 ] || { echo "make test: notebooks exit $$nb, host tests exit $$rc"; exit 1; }
 
 # JupyterLab at the repository root (so jupytext reads jupytext.toml: saving a notebook updates both halves of its
 # pair and leaves an unchanged one unchanged), opened on notebooks/, one entry per notebook (klear_lib.lab).
