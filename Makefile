@@ -70,13 +70,13 @@ test: $(STAMP)
 	    $(VENV)/bin/klear prepare $$name --preset smoke --out .nbval/$$name.ipynb --run-dir .nbval/runs/$$name/$$stamp || exit 1; \
 	  fi; \
 	done
-	@# Two passes. 1: the unit tests in two worker processes (pytest-xdist; an idle worker takes tests queued for
-	@# the other). 2: the smoke notebooks under nbval, the report (00_*) last since it gathers the other notebooks'
-	@# runs (pytest collects in argument order), and beside them, in a process of its own, the tests that check the
-	@# host unchanged around a hostile program: no test of theirs shares a process tree with another test, and
-	@# what they compare (their own descendants, sockets and planted files; the top level of home and checkout)
-	@# the notebooks do not change. Its output is printed when both are done.
-	$(PY) -m pytest -p no:cacheprovider -n 2 --dist worksteal tests $(HOST_TESTS:%=--ignore=%) --durations=15
+	@# Two passes. 1: the unit tests in two worker processes (pytest-xdist), the tests of one file in one worker
+	@# (its module fixtures are built once). 2: the smoke notebooks under nbval, the report (00_*) last since it
+	@# gathers the other notebooks' runs (pytest collects in argument order), and beside them, in a process of its
+	@# own, the tests that check the host unchanged around a hostile program: no test of theirs shares a process
+	@# tree with another test, and what they compare (their own descendants, sockets and planted files; the top
+	@# level of home and checkout) the notebooks do not change. Its output is printed when both are done.
+	$(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile tests $(HOST_TESTS:%=--ignore=%) --durations=15
 	$(PY) -m pytest -p no:cacheprovider $(HOST_TESTS) --durations=5 > .nbval/host-tests.log 2>&1 & host=$$!; \
 	$(PY) -m pytest -p no:cacheprovider $$(ls .nbval/*.ipynb | grep -v '/00_') $$(ls .nbval/00_*.ipynb) \
 	  --nbval-lax --sanitize-with tests/nbval_sanitize.cfg; nb=$$?; \

@@ -7,6 +7,7 @@ The fixture notebooks in tests/fixtures/nb: 99_dummy writes a full run directory
 import json
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -283,16 +284,24 @@ def test_an_unwritable_output_root_is_one_line(tmp_path, capsys):
     assert err.startswith("klear: error: cannot create a run directory under") and err.count("\n") == 1
 
 
+def as_from_a_terminal() -> None:
+    """``preexec_fn`` for a child a test sends Ctrl-C (SIGINT) to: the disposition a terminal's foreground job
+    starts with. A test run started in the background by a non-interactive shell (``make test &``) ignores SIGINT,
+    and every child would inherit that and run to its end through the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_marks_the_run_interrupted_and_resume_finishes_it(tmp_path):
     """A real `klear run` in a subprocess, SIGINT while its notebook sleeps: one line, status.json says
     interrupted; `klear run --resume` runs it again into the same directory and it completes."""
-    import signal
     import time
 
     env = {**__import__("os").environ}
     cmd = [sys.executable, "-m", "klear_lib.cli", "run", "96_checked", "-p", "slow=true", "-p", "steps=3", *DIRS,
            "--output-root", str(tmp_path / "out")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=as_from_a_terminal)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list((tmp_path / "out").glob("96_checked/*/metrics.jsonl")):
         time.sleep(0.5)

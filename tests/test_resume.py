@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import pytest
+from test_cli import as_from_a_terminal
 
 from klear_lib import models, runs
 from klear_lib.data import tasks
@@ -52,7 +53,7 @@ def test_an_interrupted_run_resumed_equals_an_uninterrupted_one(tmp_path, start)
     subprocess.run([sys.executable, str(script), str(whole), str(start)], check=True, timeout=600)
 
     proc = subprocess.Popen([sys.executable, str(script), str(parts), str(start)], stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=as_from_a_terminal)
     first = parts / "units" / "gppo_seed=0.json"
     deadline = time.monotonic() + 300
     while not first.exists() and time.monotonic() < deadline:
