@@ -179,14 +179,14 @@ def sign_flip_p(diffs: Sequence[float]) -> float:
 # The whole rule's MDE in paired sds from 6 seeds on, where the sign-flip condition costs power: the effect at which
 # the rule (t and sign-flip at the level) decides in 80% of 40,000 simulated sets of Gaussian differences (bisection
 # on the effect; tests/test_claims.py re-measures entries). At 5% for 6-15 seeds; at Holm's first levels for up to
-# four secondary claims (5%/2, /3, /4) for 6-12 seeds. None: the sign-flip test cannot reach the level at all (its
-# smallest p is 2^(1-n)). Below 6 seeds the rule is the t-test, and beyond the table the t formula is within about
-# 4% of the simulated value (0.6% at 5% and 16 seeds).
+# four secondary claims (5%/2, /3, /4) up to 12 seeds; a level the sign-flip test cannot reach (its smallest p is
+# 2^(1-n)) has no entry: ``mde`` returns infinity there. Below 6 seeds the rule is the t-test, and beyond the table
+# the t formula is within about 4% of the simulated value (0.6% at 5% and 16 seeds).
 RULE_MDE = {
     0.05: {6: 1.802, 7: 1.354, 8: 1.203, 9: 1.097, 10: 1.015, 11: 0.944, 12: 0.898, 13: 0.853, 14: 0.816, 15: 0.782},
-    0.025: {6: None, 7: 1.869, 8: 1.434, 9: 1.284, 10: 1.181, 11: 1.086, 12: 1.026},
-    0.05 / 3: {6: None, 7: 1.895, 8: 1.579, 9: 1.397, 10: 1.281, 11: 1.169, 12: 1.101},
-    0.0125: {6: None, 7: None, 8: 1.932, 9: 1.500, 10: 1.358, 11: 1.240, 12: 1.159},
+    0.025: {7: 1.869, 8: 1.434, 9: 1.284, 10: 1.181, 11: 1.086, 12: 1.026},
+    0.05 / 3: {7: 1.895, 8: 1.579, 9: 1.397, 10: 1.281, 11: 1.169, 12: 1.101},
+    0.0125: {8: 1.932, 9: 1.500, 10: 1.358, 11: 1.240, 12: 1.159},
 }
 
 
@@ -203,7 +203,7 @@ def mde(sd: float, n: int, *, alpha: float = ALPHA, power: float = POWER) -> flo
         return float("inf")
     table = next((t for a, t in RULE_MDE.items() if math.isclose(a, alpha, rel_tol=1e-9)), None)
     if power == POWER and table is not None and n in table:
-        return float("inf") if table[n] is None else table[n] * sd
+        return table[n] * sd
     return (t_quantile(1 - alpha / 2, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n)
 
 
