@@ -18,6 +18,16 @@ from klear_lib.recipe import KlearLossConfig
 from klear_lib.train.tracking import check_tracker
 
 
+def checkpointing(cfg) -> bool:
+    """Whether a run with ``cfg`` (any config with ``use_cpu`` and ``gradient_checkpointing``) recomputes activations
+    in the backward pass: as set, or, for ``None``, on a GPU and not with ``use_cpu``. On a CPU memory does not limit
+    the tiny runs, and recomputing costs about a quarter of an SFT step (60 steps of 05's warm start: 22.5 s against
+    16.7 s on one thread) for weights that came out identical."""
+    if cfg.gradient_checkpointing is None:
+        return not cfg.use_cpu
+    return bool(cfg.gradient_checkpointing)
+
+
 def from_dict(cls, d: typing.Mapping, *, where: str | None = None):
     """Build dataclass ``cls`` from a flat mapping, strictly: unknown keys and wrong types are errors."""
     where = where or cls.__name__
@@ -214,8 +224,9 @@ class RLExperimentConfig(TaskModelConfig):
     ``trl vllm-serve`` process; multi-GPU runs, docs/scale.md)."""
     vllm_gpu_memory_utilization: float = 0.3
     """Share of GPU memory vLLM may take in colocate mode (TRL's default)."""
-    gradient_checkpointing: bool = True
-    """Recompute activations in the backward pass (TRL's default; long responses need it on GPUs)."""
+    gradient_checkpointing: bool | None = None
+    """Recompute activations in the backward pass (long responses need it on GPUs). ``None``: on a GPU (TRL's
+    default), off with ``use_cpu`` (``checkpointing``), for SFT and RL alike."""
     save_steps: int = 0
     """Save a checkpoint every this many optimizer steps (0: none; long GPU runs)."""
     use_cpu: bool = True

@@ -48,7 +48,7 @@ sft_epochs = 2.0
 sft_batch_size = 16                            # 500 SFT steps: the lookup is learned past 250
 sft_error_rate = 0.4                           # per value: the teacher writes a fully right program 0.6^4, 13%, of the time
 sparse_error_rate = 0.6                        # the sparse regime's teacher: 0.4^4, 2.6%, fully right
-rollouts = 6
+rollouts = 5
 rollout_prompts = 8                            # prompts trained on per rollout (Klear 128) ...
 mini_batch_prompts = 2                         # ... per optimizer step: 4 updates per rollout
 oversample_factor = 2.0                        # prompts generated per rollout / rollout_prompts (Klear 2)
@@ -72,7 +72,6 @@ report_to = "none"                             # or tensorboard / trackio / wand
 # and the filter.
 
 # %% tags=["config"]
-import random
 import time
 
 import pandas as pd
@@ -85,8 +84,7 @@ from klear_lib.data import tasks
 from klear_lib.evaluation.code_heldout import evaluate_code_heldout
 from klear_lib.rewards.code import failure_score, score_code
 from klear_lib.rewards.pool import MemoPool, RewardPool
-from klear_lib.train import code_jobs, sft_jobs
-from klear_lib.train.sft import SFTStageConfig
+from klear_lib.train import code_jobs
 
 notebook.quiet()
 notebook.require(globals(), counts=("branches", "reward_workers", "workers"), positive=("test_timeout_s",),
@@ -114,21 +112,21 @@ print(f"{len(ARMS)} arms x {len(seed_list)} seeds; {base.rollouts} rollouts of u
       f"updates, {base.num_generations} responses per prompt")
 
 # %% [markdown]
-# ## SFT warm starts (one per regime, shared by its arms; trained once and cached)
+# ## SFT warm starts (one per regime, shared by its arms; trained side by side, once, and cached)
 # Then the design figure: at each start, the share of held-out samples that pass every test and that pass some
 # (T 1.0, the rollouts' temperature), and the teacher's own share of fully right programs.
 
 # %%
 clock = time.perf_counter()
 train, heldout = tasks.make_branch_code_splits(base.data_seed, base.n_train, base.n_heldout, branches)
-sft_dirs, starts = {}, {}
+start_jobs = [experiment.Job(f"start/{regime}", "klear_lib.train.code_jobs:start_unit", {
+    "config": {**vars(base)}, "error_rate": spec["error_rate"], "branches": branches,
+    "cache_root": str(notebook.cache_root(run_path)), "out_dir": str(run_path / f"sft_{regime}"),
+    "tags": {"regime": regime}}) for regime, spec in REGIMES.items()]
+start_results = experiment.run_jobs(start_jobs, run_path / "starts", workers=workers)  # side by side
+sft_dirs, starts = {regime: start_results[f"start/{regime}"]["model_dir"] for regime in REGIMES}, {}
 for regime, spec in REGIMES.items():
-    rng = random.Random(base.data_seed)
-    samples = [{"prompt": tasks.code_prompt_messages(p), "completion": [{"role": "assistant", "content":
-                tasks.branch_code_solution(p, rng, error_rate=spec["error_rate"])}]} for p in train]
-    sft_dirs[regime] = sft_jobs.base_model(base, tasks.branch_code_corpus(train), samples,
-                                           SFTStageConfig.from_experiment(base), cache_root=notebook.cache_root(run_path),
-                                           out_dir=run_path / f"sft_{regime}")
+    _, rng = code_jobs.start_samples(train, spec["error_rate"], base.data_seed)  # the teacher's draws go on from here
     model0, tokenizer = models.load_model_and_tokenizer(sft_dirs[regime], dtype=torch.float32)
     runs.set_seed(base.seed)
     with RewardPool(score_code, workers=2, timeout_s=code_jobs.pool_limit_s(test_timeout_s),

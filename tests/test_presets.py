@@ -32,6 +32,7 @@ NOTEBOOK_SCALE_KEYS = {
     "07_evaluation": {"benchmarks", "benchmark_paths", "checkpoints", "train_tiny", "engine", "n", "budgets",
                       "yarn_factor", "limit", "batch_size", "judge_workers", "temperature"},
     "05_code_reward": {"reward_workers"},  # sandbox processes per unit: a GPU box has more cores
+    "01_sft_data_sources": {"defect_seeds"},  # the positive control's seeds, beside "seeds"
 }
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from klear_lib import models
-from klear_lib.config import SFTExperimentConfig
+from klear_lib.config import RLExperimentConfig, SFTExperimentConfig, checkpointing
 from klear_lib.data import hub, pipeline, selection, tasks, teachers
 from klear_lib.train import sft
 
@@ -185,6 +185,31 @@ def test_sft_from_learns_the_selected_samples(tmp_path):
     assert loss(model) < 0.6 * before
     with pytest.raises(ValueError, match="no samples"):
         sft.sft_from(tmp_path / "start", [], tmp_path / "o2", sft.SFTStageConfig())
+
+
+def test_gradient_checkpointing_defaults_off_on_a_cpu_and_changes_no_weight(tmp_path, monkeypatch):
+    """``None`` resolves to recomputation on a GPU only; set, it is what was set. On a CPU, SFT with and without it
+    reaches the same weights bit for bit (so the CPU presets may skip its cost), and TRL is given the resolved value."""
+    assert [checkpointing(RLExperimentConfig(use_cpu=c)) for c in (True, False)] == [False, True]
+    assert checkpointing(RLExperimentConfig(gradient_checkpointing=True)) is True
+    assert checkpointing(sft.SFTStageConfig()) is False and checkpointing(sft.SFTStageConfig(use_cpu=False)) is True
+    assert sft.SFTStageConfig.from_experiment(RLExperimentConfig(gradient_checkpointing=True)).gradient_checkpointing
+    train, _ = tasks.make_splits(0, 100, 4)
+    tok = models.build_tokenizer(tasks.corpus(train), vocab_size=300)
+    models.save_model_and_tokenizer(models.build_tiny_model(tok, seed=0), tok, tmp_path / "start")
+    samples = teachers.source_samples(teachers.SOURCES["clean"], train, 32, seed=0)
+    seen = []
+    real = sft.SFTConfig
+    monkeypatch.setattr(sft, "SFTConfig", lambda **kw: seen.append(kw["gradient_checkpointing"]) or real(**kw))
+    weights = []
+    for on in (True, None):
+        stage = sft.SFTStageConfig(learning_rate=3e-3, epochs=1, batch_size=8, resume=False, gradient_checkpointing=on)
+        model, _ = sft.sft_from(tmp_path / "start", samples, tmp_path / f"out_{on}", stage)
+        weights.append({k: v.clone() for k, v in model.state_dict().items()})
+    assert seen == [True, False]
+    start = models.load_model_and_tokenizer(tmp_path / "start", dtype=torch.float32)[0].state_dict()
+    assert any(not torch.equal(weights[0][k], start[k]) for k in start)  # it trained
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
 @pytest.mark.gpu

@@ -10,6 +10,8 @@ programs all pass only some tests is what separates the arms.
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 from klear_lib import models, runs
@@ -62,6 +64,33 @@ class SignalLog:
         if not done:
             return {}
         return {k: sum(d[k] for d in done) / len(done) for k in done[0]}
+
+
+def start_samples(train: list, error_rate: float, data_seed: int) -> tuple[list[dict], random.Random]:
+    """The SFT samples of a warm start: one teacher program per training problem, each value wrong with
+    probability ``error_rate`` (``tasks.branch_code_solution``), from ``random.Random(data_seed)``; and that
+    generator, to draw the teacher's held-out programs after them (the notebook's design figure)."""
+    rng = random.Random(data_seed)
+    samples = [{"prompt": tasks.code_prompt_messages(p), "completion": [{"role": "assistant", "content":
+                tasks.branch_code_solution(p, rng, error_rate=error_rate)}]} for p in train]
+    return samples, rng
+
+
+def start_unit(*, config: dict, error_rate: float, branches: int, cache_root: str, out_dir: str, tags: dict,
+               metrics_path: str) -> dict:
+    """One regime's SFT warm start as a unit of work, so that the regimes train side by side (one thread each):
+    ``sft_jobs.base_model`` on ``start_samples`` with the SFT stage of ``config`` (``RLExperimentConfig``
+    fields), cached under ``cache_root``. Returns the model's folder."""
+    from klear_lib.train import sft_jobs
+    from klear_lib.train.sft import SFTStageConfig
+
+    cfg = RLExperimentConfig.from_params(config)
+    train, _ = tasks.make_branch_code_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, branches)
+    samples, _ = start_samples(train, error_rate, cfg.data_seed)
+    model_dir = sft_jobs.base_model(cfg, tasks.branch_code_corpus(train), samples,
+                                    SFTStageConfig.from_experiment(cfg), cache_root=cache_root, out_dir=out_dir,
+                                    progress=lambda *_: None)
+    return {"model_dir": str(model_dir), **tags}
 
 
 def pool_limit_s(test_timeout_s: float) -> float:

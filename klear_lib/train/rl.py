@@ -52,6 +52,7 @@ from transformers import PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from klear_lib.advantages import grpo_advantages, zero_advantage_group_mask
+from klear_lib.config import checkpointing
 from klear_lib.data.tasks import exact_answer_reward, fork_token_mask, parse_fork_facts, prompt_messages
 from klear_lib.evaluation.heldout import arithmetic_probes, evaluate_heldout
 from klear_lib.logprobs import IGNORE_INDEX, token_logprobs_and_entropy
@@ -773,7 +774,7 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         use_vllm=cfg.use_vllm,
         vllm_mode=cfg.vllm_mode,
         vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-        gradient_checkpointing=cfg.gradient_checkpointing,
+        gradient_checkpointing=checkpointing(cfg),
         vllm_importance_sampling_correction=False,  # see KlearGRPOTrainer.__init__
         use_cpu=cfg.use_cpu,
         bf16=cfg.bf16,

@@ -25,6 +25,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
 from klear_lib import models
+from klear_lib.config import checkpointing
 from klear_lib.data.tasks import Problem, prompt_messages, teacher_solution
 from klear_lib.models import load_model_and_tokenizer
 from klear_lib.train.tracking import add_hparams, tracking_env
@@ -66,6 +67,10 @@ class SFTStageConfig:
     resolution round away: most of them at lr 1e-6)."""
     use_unsloth: bool = False
     """Load the start model with unsloth (opt-in; one CUDA GPU and unsloth's own environment, docs/scale.md)."""
+    gradient_checkpointing: bool | None = None
+    """Recompute activations in the backward pass (TRL's default: on). ``None``: on where the model trains on a GPU,
+    off with ``use_cpu``, where memory is not what limits a run and the recomputation costs a quarter of the step
+    time for the same weights (``klear_lib.config.checkpointing``)."""
 
     def __post_init__(self) -> None:
         models.weights_dtype(self.weights_dtype, where="SFTStageConfig.weights_dtype")
@@ -76,10 +81,10 @@ class SFTStageConfig:
     def from_experiment(cls, cfg, **changes) -> "SFTStageConfig":
         """The SFT stage of an experiment config (``RLExperimentConfig`` or ``SFTExperimentConfig``): its
         ``sft_lr``, ``sft_epochs``, ``sft_batch_size``, ``seed``, ``use_cpu``, ``bf16`` (and ``max_length``,
-        ``weights_dtype``, ``use_unsloth`` where it has them), then ``changes``."""
+        ``weights_dtype``, ``use_unsloth``, ``gradient_checkpointing`` where it has them), then ``changes``."""
         values = dict(learning_rate=cfg.sft_lr, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size,
                       seed=cfg.seed, use_cpu=cfg.use_cpu, bf16=cfg.bf16, report_to=getattr(cfg, "report_to", "none"))
-        for name in ("max_length", "weights_dtype", "use_unsloth"):
+        for name in ("max_length", "weights_dtype", "use_unsloth", "gradient_checkpointing"):
             if hasattr(cfg, name):
                 values[name] = getattr(cfg, name)
         return cls(**{**values, **changes})
@@ -173,6 +178,7 @@ def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: 
         save_steps=cfg.save_steps or 500,
         disable_tqdm=True,
         dataloader_num_workers=0,
+        gradient_checkpointing=checkpointing(cfg),
         **tracker_names(tracked),
     )
 
