@@ -143,3 +143,27 @@ def test_signal_log_wraps_a_reward_and_reports_per_rollout():
     # call 1: dapo 1/2, klear 1/2; call 2: dapo 1/2, klear 0 -> means 1/2 and 1/4
     assert got["group_signal_dapo"] == pytest.approx(0.5) and got["group_signal_klear"] == pytest.approx(0.25)
     assert log.probe() == {}  # reset after each probe
+
+
+def test_a_code_start_trained_as_a_unit_is_the_cached_base_of_its_samples(tmp_path):
+    """``code_jobs.start_unit`` (05's warm starts, side by side) trains ``sft_jobs.base_model`` on
+    ``start_samples``: its folder is the cache entry of exactly those samples, and ``start_samples``' generator goes on
+    where the training programs ended (the notebook draws the teacher's held-out programs from it)."""
+    from klear_lib.config import RLExperimentConfig
+
+    cfg = RLExperimentConfig(n_train=40, n_heldout=4, tiny_hidden=32, tiny_layers=1, vocab_size=400, sft_epochs=0.2,
+                             sft_batch_size=8, data_seed=7)
+    train, heldout = tasks.make_branch_code_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, 4)
+    samples, rng = code_jobs.start_samples(train, 0.4, cfg.data_seed)
+    again, rng2 = code_jobs.start_samples(train, 0.4, cfg.data_seed)
+    assert samples == again and len(samples) == 40
+    assert tasks.branch_code_solution(heldout[0], rng, error_rate=0.4) == \
+        tasks.branch_code_solution(heldout[0], rng2, error_rate=0.4)
+    assert code_jobs.start_samples(train, 0.9, cfg.data_seed)[0] != samples  # the error rate reaches the teacher
+    out = code_jobs.start_unit(config=vars(cfg), error_rate=0.4, branches=4, cache_root=str(tmp_path / "cache"),
+                               out_dir=str(tmp_path / "sft_main"), tags={"regime": "main"},
+                               metrics_path=str(tmp_path / "u.jsonl"))
+    key = sft_jobs.base_key(cfg, tasks.branch_code_corpus(train), samples, SFTStageConfig.from_experiment(cfg))
+    assert out == {"model_dir": str(tmp_path / "cache" / key / "final"), "regime": "main"}
+    assert json.loads((tmp_path / "sft_main" / "base.json").read_text())["key"] == key
+    assert (tmp_path / "cache" / key / "final" / "config.json").exists()
