@@ -190,7 +190,18 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"launch: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        _end_process_group()
     return 0
+
+
+def _end_process_group() -> None:
+    """Destroy the torchrun process group before the interpreter exits: left alive, gloo's threads are torn down with
+    it, and a rank can abort at exit ("terminate called without an active exception") after a successful run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
