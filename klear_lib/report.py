@@ -596,7 +596,12 @@ def claims_html(latest: Mapping[str, "RunInfo"]) -> str:
              "(p ≤ 0.05; Holm-adjusted within a notebook for secondary claims; never below 3 seeds). Its "
              "false-positive rate on null data is at most 5% (measured in <code>tests/test_claims.py</code>). A "
              "verdict says what a 1M-parameter stand-in showed in minutes of CPU training, not whether the paper "
-             f"is right at its scale. {len(checks)} checks (positive controls, pipeline checks, the noise floor) "
+             "is right at its scale. The seeds vary training from one trained starting model (a notebook's base or "
+             "SFT warm start; one per regime in 05): an interval covers that noise, not how the start varies. A run "
+             "is bit-identical on one machine; another processor (each run records <code>cpu</code> and "
+             "<code>cpu_capability</code> in <code>versions.json</code>) can train another start, and effects and "
+             "verdicts can move with it (<code>docs/results.md</code>). "
+             f"{len(checks)} checks (positive controls, pipeline checks, the noise floor) "
              "are listed apart and not counted.</p>")
     checks_html = ("<h3>Checks (pass/fail, not counted)</h3><table><thead><tr>"
                    + "".join(f"<th>{_e(c)}</th>" for c in CHECK_COLUMNS) + "</tr></thead><tbody>"

@@ -4,7 +4,7 @@ A run directory is ``<output_root>/<notebook name>/<YYYYmmdd-HHMMSS>`` (``create
 
 ==================  ===========================================================================
 ``config.json``     the resolved run config (``write_run_metadata``), sorted keys
-``versions.json``   python, platform and the versions of the packages that shape a result
+``versions.json``   python, platform, the processor and the versions of the packages that shape a result
 ``git.json``        ``{"commit", "dirty", "branch", "root"}`` of the checkout that ran
 ``metrics.jsonl``   one JSON object per line, appended as training goes (``MetricsWriter``)
 ``summary.json``    the run's final numbers (``write_summary``)
@@ -341,6 +341,23 @@ def git_info(*search: str | os.PathLike) -> dict[str, Any]:
     return {"commit": "unknown", "dirty": None, "branch": None, "root": None}
 
 
+def cpu_record() -> dict[str, str]:
+    """The processor behind a run's floating point: ``cpu`` (its model name), ``cpu_count`` (logical cores) and
+    ``cpu_capability``, the vector instruction set torch's CPU kernels dispatch to (``AVX2``, ``AVX512``, ...).
+    Runs from the same seeds are bit-identical on one machine, but two machines whose kernels differ train
+    different weights: what this records says whether two runs could be identical."""
+    import torch
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return {"cpu": model, "cpu_count": str(os.cpu_count()),
+            "cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
+
+
 def write_run_metadata(run_dir: str | os.PathLike, config: Any) -> None:
     """Write config.json (the resolved config), versions.json and git.json into `run_dir`.
 
@@ -353,7 +370,8 @@ def write_run_metadata(run_dir: str | os.PathLike, config: Any) -> None:
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_json(run_dir / CONFIG_FILE, config)
-    versions = {"python": sys.version.split()[0], "platform": platform.platform(), **package_versions()}
+    versions = {"python": sys.version.split()[0], "platform": platform.platform(), **cpu_record(),
+                **package_versions()}
     _write_json(run_dir / VERSIONS_FILE, versions)
     _write_json(run_dir / GIT_FILE, git_info())
 

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+import os
 import pathlib
 import random
 import shutil
@@ -58,7 +59,12 @@ def test_metadata_files_and_config_round_trip(tmp_path):
     assert text.startswith('{\n  "')  # indent 2
 
     versions = json.loads((tmp_path / "versions.json").read_text())
-    assert set(runs.TRACKED_PACKAGES) | {"python", "platform"} == set(versions)
+    assert set(runs.TRACKED_PACKAGES) | {"python", "platform", "cpu", "cpu_count", "cpu_capability"} == set(versions)
+    assert versions["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # e.g. AVX2, AVX512
+    assert versions["cpu_count"] == str(os.cpu_count())
+    if pathlib.Path("/proc/cpuinfo").is_file():
+        cpuinfo = pathlib.Path("/proc/cpuinfo").read_text(errors="replace")
+        assert f": {versions['cpu']}" in cpuinfo or "model name" not in cpuinfo
     assert versions["torch"] == torch.__version__
     assert versions["numpy"] == np.__version__
     assert versions["klear_lib"].startswith(klear_lib.__version__)
