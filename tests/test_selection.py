@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import random
 import subprocess
 import sys
 import warnings
@@ -15,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from klear_lib.data import selection
 from klear_lib.data.selection import (
     decontaminate,
     deduplicate,
@@ -382,3 +384,56 @@ def test_upsample_repeats_every_sample_and_draws_the_rest_once():
         upsample(samples, 2, seed=0)
     with pytest.raises(ValueError, match="no samples"):
         upsample([], 4, seed=0)
+
+
+# Top-K arms over sources of two procedures (step orders): f* add forward, r* in reverse.
+ORDERS = {"f1": "forward", "f2": "forward", "f3": "forward", "r1": "reverse", "r2": "reverse"}
+
+
+@pytest.mark.parametrize("scores, arm, expected", [
+    # the best source adds in reverse: top2 mixes orders; same-order takes the two best forward sources
+    ({"f1": 0.7, "f2": 0.6, "f3": 0.5, "r1": 0.9}, "top2", ["r1", "f1"]),
+    ({"f1": 0.7, "f2": 0.6, "f3": 0.5, "r1": 0.9}, "top2_same_order", ["f1", "f2"]),
+    ({"f1": 0.7, "f2": 0.6, "f3": 0.5, "r1": 0.9}, "top2_mixed_order", ["r1", "f1"]),
+    # the best source adds forward: top2 is the same-order pair; mixed-order takes the best reverse source instead
+    ({"f1": 0.9, "f2": 0.8, "f3": 0.5, "r1": 0.6}, "top2", ["f1", "f2"]),
+    ({"f1": 0.9, "f2": 0.8, "f3": 0.5, "r1": 0.6}, "top2_same_order", ["f1", "f2"]),
+    ({"f1": 0.9, "f2": 0.8, "f3": 0.5, "r1": 0.6}, "top2_mixed_order", ["f1", "r1"]),
+    # beyond one per order, mixed-order fills by score; the best of each order comes first whatever its rank
+    ({"f1": 0.9, "f2": 0.8, "f3": 0.7, "r1": 0.1, "r2": 0.2}, "top3_mixed_order", ["f1", "f2", "r2"]),
+    ({"f1": 0.9, "f2": 0.8, "f3": 0.7, "r1": 0.1, "r2": 0.2}, "top4", ["f1", "f2", "f3", "r2"]),
+    ({"f1": 0.9, "f2": 0.8, "f3": 0.7, "r1": 0.1}, "top1", ["f1"]),
+])
+def test_top_k_arm_picks_by_score_within_its_rule(scores, arm, expected):
+    chosen, k = selection.top_k_arm(arm, scores, ORDERS)
+    assert (list(chosen), k) == (expected, int(arm[3]))
+    assert all(chosen[n] == scores[n] for n in chosen)
+
+
+def test_top_k_arm_two_top2_variants_always_differ_in_one_source():
+    rng = random.Random(0)
+    names = ["f1", "f2", "f3", "r1"]
+    for _ in range(200):  # any ranking of three forward sources and one reverse source
+        scores = {n: rng.random() for n in names}
+        same, _ = selection.top_k_arm("top2_same_order", scores, ORDERS)
+        mixed, _ = selection.top_k_arm("top2_mixed_order", scores, ORDERS)
+        best_forward = max(["f1", "f2", "f3"], key=scores.get)
+        assert best_forward in same and best_forward in mixed
+        assert {ORDERS[n] for n in same} == {"forward"} and {ORDERS[n] for n in mixed} == {"forward", "reverse"}
+        assert len(set(same) & set(mixed)) == 1
+
+
+def test_top_k_arm_names_what_is_wrong():
+    scores = {"f1": 0.9, "f2": 0.8, "r1": 0.1}
+    with pytest.raises(ValueError, match="'top2_any' must be topK"):
+        selection.top_k_arm("top2_any", scores, ORDERS)
+    with pytest.raises(ValueError, match="'top4': K = 4 needs between 1 and 3"):
+        selection.top_k_arm("top4", scores, ORDERS)
+    with pytest.raises(ValueError, match="'top3_same_order': K = 3 needs between 1 and 2"):
+        selection.top_k_arm("top3_same_order", scores, ORDERS)
+    with pytest.raises(ValueError, match="'top1_mixed_order': mixing orders needs"):
+        selection.top_k_arm("top1_mixed_order", scores, ORDERS)
+    with pytest.raises(ValueError, match="mixing orders needs sources of at least two orders"):
+        selection.top_k_arm("top2_mixed_order", {"f1": 0.9, "f2": 0.8}, ORDERS)
+    with pytest.raises(ValueError, match=r"no order given for the sources \['x'\]"):
+        selection.top_k_arm("top1", {"x": 0.5}, ORDERS)

@@ -12,11 +12,13 @@ once, by `normalize_words` (lowercase, punctuation -> space, whitespace collapse
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import math
 import random
 import re
 import warnings
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -178,6 +180,45 @@ def rank_sources(scores: dict[str, float]) -> list[str]:
         if isinstance(s, bool) or not isinstance(s, (int, float)) or math.isnan(s):
             raise ValueError(f"score of source {name!r} must be a number (not NaN), got {s!r}")
     return sorted(scores, key=lambda name: (-scores[name], name))
+
+
+TOP_K_ARM = re.compile(r"top(\d+)(_same_order|_mixed_order)?")
+
+
+def top_k_arm(arm: str, scores: Mapping[str, float], orders: Mapping[str, str]) -> tuple[dict[str, float], int]:
+    """The scored sources a Top-K arm draws from, and its K; ``orders`` gives each source's procedure (the step
+    order of ``teachers.TeacherSpec``), ``scores`` its quality score (``rank_sources``).
+
+    ``topK``: the K best-scored sources. ``topK_same_order``: the K best-scored of the sources that follow the most
+    common order (a tie between orders goes to the one first in ``scores``). ``topK_mixed_order``: the best-scored
+    source of each order, then the best-scored of the rest up to K. Both Top-2 variants hold the best source of the
+    most common order and differ in their second only: one more of that procedure, or the best of another. They
+    exist whatever the ranking, where ``top2`` may be either (its two best sources may or may not share an order).
+    """
+    m = TOP_K_ARM.fullmatch(arm)
+    if m is None:
+        raise ValueError(f"arm {arm!r} must be topK, topK_same_order or topK_mixed_order (K a whole number)")
+    k = int(m[1])
+    missing = [n for n in scores if n not in orders]
+    if missing:
+        raise ValueError(f"arm {arm!r}: no order given for the sources {missing}")
+    ranked = rank_sources(dict(scores))
+    if m[2] == "_same_order":
+        order = collections.Counter(orders[n] for n in scores).most_common(1)[0][0]
+        ranked = [n for n in ranked if orders[n] == order]
+        chosen = ranked[:k]
+    elif m[2] == "_mixed_order":
+        firsts = list({orders[n]: n for n in reversed(ranked)}.values())  # the best of each order
+        if len(firsts) < 2 or k < len(firsts):
+            raise ValueError(f"arm {arm!r}: mixing orders needs sources of at least two orders and K at least the "
+                             f"number of orders ({len(firsts)}); the orders are {sorted({orders[n] for n in scores})}")
+        keep = set(firsts) | set([n for n in ranked if n not in firsts][:k - len(firsts)])
+        chosen = [n for n in ranked if n in keep]  # in rank order, as for the other arms
+    else:
+        chosen = ranked[:k]
+    if not 1 <= k <= len(ranked) or len(chosen) < k:
+        raise ValueError(f"arm {arm!r}: K = {k} needs between 1 and {len(ranked)} sources to draw from")
+    return {n: float(scores[n]) for n in chosen}, k
 
 
 def _equal_shares(caps: list[int], budget: int) -> list[int]:
