@@ -23,9 +23,10 @@
 # one source: the **Top-2 of two orders** (the best-scored source of each: two procedures, not only two styles) and
 # the **Top-2 of two sources that add in the same order**, the control for the rival reading "two procedures confuse
 # a 1M-parameter model". Both are defined by procedure, not by rank alone: the sources' scores are close by design,
-# so their ranking (and with it the plain Top-2) changes from one machine to the next. A declared check: in the **defects** condition (the project's first sources, each with an injected defect:
-# 30% wrong steps, 30% broken format, only two levels, ...) adding sources adds worse data, so Top-1 must win there;
-# it checks the pipeline, it is not a test of the paper, and runs on `defect_seeds` (fewer: its effect is large).
+# so their ranking (and with it the plain Top-2) changes from one machine to the next. A declared check: in the
+# **defects** condition (the project's first sources, each with an injected defect: 30% wrong steps, 30% broken
+# format, only two levels, ...) adding sources adds worse data, so Top-1 must win there; it checks the pipeline, it
+# is not a test of the paper, and runs on `defect_seeds` (fewer: its effect is large).
 #
 # **The pipeline** (`klear_lib.data.pipeline.prepare_pool`, then `klear_lib.data.selection`): 9-gram
 # decontamination against the evaluation problems, de-duplication by prompt inside each source (one response per

@@ -212,8 +212,8 @@ def top_k_arm(arm: str, scores: Mapping[str, float], orders: Mapping[str, str]) 
         if len(firsts) < 2 or k < len(firsts):
             raise ValueError(f"arm {arm!r}: mixing orders needs sources of at least two orders and K at least the "
                              f"number of orders ({len(firsts)}); the orders are {sorted({orders[n] for n in scores})}")
-        keep = set(firsts) | set([n for n in ranked if n not in firsts][:k - len(firsts)])
-        chosen = [n for n in ranked if n in keep]  # in rank order, as for the other arms
+        rest = [n for n in ranked if n not in firsts][:k - len(firsts)]
+        chosen = [n for n in ranked if n in firsts or n in rest]  # in rank order, as for the other arms
     else:
         chosen = ranked[:k]
     if not 1 <= k <= len(ranked) or len(chosen) < k:
