@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-from test_sandbox_hostile import host_unchanged
+from test_sandbox_hostile import _cmdline, descendants, host_unchanged
 
 from klear_lib.integrations import verl_reward
 from klear_lib.rewards import sandbox, sandbox_cgroup, sandbox_json
@@ -458,16 +458,56 @@ def unit_pool(mode: str, test_timeout_s: float, workers: int = 2) -> RewardPool:
 
 @pytest.fixture(scope="module")
 def signed_pool():
-    # started, and its workers up, before any host snapshot: pebble starts its workers after the constructor
-    # returns, so one small batch per worker first (then the workers are not new processes of the test)
+    # started before any host snapshot, and one small batch graded first, so that the probes meet workers that have
+    # loaded the judge (a worker pebble starts later, in place of one killed at a limit: `pool_host`)
     with unit_pool("signed", UNIT_TIMEOUT_S) as pool:
         honest = respond("print(int(input()) + 1)")
         pool.score_batch([{"response": honest, "tests": [{"input": "1\n", "output": "2"}], "mode": "signed"}] * 4)
         yield pool
 
 
+@pytest.fixture
+def pool_host(tmp_path, signed_pool):
+    """`host`, with `signed_pool` open across the check: a worker it replaces (one killed at its per-item limit,
+    as a probe may be on a busy machine) is the pool's, not a probe's leftover."""
+    with host_unchanged(tmp_path, pools=[signed_pool]) as h:
+        yield h
+
+
+def _judge_for_the_host_check(what: str):
+    """A judge whose worker is killed at the pool's limit (`hang`) or leaves a process behind it (`leave`)."""
+    import subprocess
+    import sys
+
+    from klear_lib.rewards.result import RewardResult
+
+    if what == "hang":
+        time.sleep(60)
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)  # left-behind"], start_new_session=True)
+    return RewardResult(0.0, "left")
+
+
+def test_the_host_check_counts_a_process_below_a_pool_worker_but_not_a_worker_pebble_replaced(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with RewardPool(_judge_for_the_host_check, workers=1, timeout_s=1.0, start_method="fork") as pool:
+        with host_unchanged(tmp_path / "a", pools=[pool]):
+            [r] = pool.score_batch([{"what": "hang"}])
+            assert r.reason == "timeout"
+            deadline = time.monotonic() + 10.0  # pebble's manager thread starts the replacement on its next turn
+            while not pool.worker_pids() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(pool.worker_pids()) == 1
+        with pytest.raises(AssertionError, match="left-behind"):
+            with host_unchanged(tmp_path / "b", pools=[pool]):
+                assert pool.score_batch([{"what": "leave"}])[0].reason == "left"
+        for line in descendants():
+            if "left-behind" in _cmdline(line.split()[0]):
+                os.kill(int(line.split()[0]), 9)
+
+
 @pytest.mark.slow
-def test_every_probe_through_the_units_pool_pays_no_more_than_a_wrong_answer(signed_pool, honest_wrong, host):
+def test_every_probe_through_the_units_pool_pays_no_more_than_a_wrong_answer(signed_pool, honest_wrong, pool_host):
     # Signed mode: where a judge crash used to pay (the pool's 0.0 against an honest wrong answer's -1). One TRL
     # batch per set of probe limits (the units pass their limits as score_kwargs).
     # The tests go in as a record's ground truth arrives (parse_tests): MemoPool's key is json.dumps of the item,
@@ -485,7 +525,7 @@ def test_every_probe_through_the_units_pool_pays_no_more_than_a_wrong_answer(sig
 
 
 @pytest.mark.slow
-def test_a_failure_of_the_pool_scores_an_honest_wrong_answer_in_every_mode(signed_pool, honest_wrong, host):
+def test_a_failure_of_the_pool_scores_an_honest_wrong_answer_in_every_mode(signed_pool, honest_wrong, pool_host):
     # A program that only waits, on 16 tests: each test meets its wall-clock backstop, the sample outlives a pool
     # limit set below the sandbox's own deadline (the units' limit is above it: code_jobs.pool_limit_s) and the pool
     # kills it. Its score is the mode's failure score, that of an honest wrong answer, in every mode (signed_pool:

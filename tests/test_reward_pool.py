@@ -453,6 +453,20 @@ def test_interrupted_batch_leaves_the_pool_usable_and_no_stale_result():
             RewardResult(7.0, "echo"), RewardResult(8.0, "echo")]
 
 
+def test_worker_pids_are_the_live_workers_and_follow_a_replacement():
+    with RewardPool(behave, workers=2, timeout_s=1.0, **FORK) as p:
+        first = p.worker_pids()
+        assert len(first) == 2 and first <= _children()
+        graded = {int(r.detail) for r in p.score_batch([{"kind": "pid"}] * 4)}
+        assert graded <= first  # the items ran in the workers named
+        p.score_batch([{"kind": "sleep", "value": 60}])  # the worker that took it is killed at the 1 s limit
+        deadline = time.monotonic() + 10.0  # pebble's manager thread starts the replacement on its next turn
+        while len(second := p.worker_pids()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(second) == 2 and len(first & second) == 1 and second <= _children()
+    assert p.worker_pids() == set()
+
+
 def test_max_tasks_replaces_workers():
     with RewardPool(behave, workers=1, timeout_s=POOL_TIMEOUT_S, max_tasks=1, **FORK) as p:
         pids = [r.detail for r in p.score_batch([{"kind": "pid"}] * 3)]

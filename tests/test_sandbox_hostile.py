@@ -140,8 +140,10 @@ def _cmdline(pid: str) -> str:
 
 
 @contextlib.contextmanager
-def host_unchanged(root: Path):
-    """A `Host` planted in `root`; on exit, assert it is unchanged (see the module docstring)."""
+def host_unchanged(root: Path, pools=()):
+    """A `Host` planted in `root`; on exit, assert it is unchanged (see the module docstring). `pools`: reward
+    pools open across the check, whose workers, if pebble replaced one (a worker killed at the pool's per-item
+    limit), are the pool's own new processes; any process below a worker still counts."""
     h = Host(root)
     before = h.state()
     # processes this test session already had (e.g. multiprocessing's resource tracker, started by an earlier test
@@ -149,7 +151,8 @@ def host_unchanged(root: Path):
     already = set(descendants())
     yield h
     try:
-        new = [p for p in descendants() if p not in already]
+        workers = set().union(*(pool.worker_pids() for pool in pools))
+        new = [p for p in descendants() if p not in already and int(p.split()[0]) not in workers]
         assert new == [], [(p, _cmdline(p.split()[0])) for p in new]
         assert h.connections() == 0
         assert h.state() == before

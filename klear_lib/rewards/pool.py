@@ -372,6 +372,16 @@ class RewardPool:
     def workers(self) -> int:
         return self._workers
 
+    def worker_pids(self) -> set[int]:
+        """The pids of the worker processes pebble runs now (empty when no pebble pool runs). A worker killed at a
+        per-item limit is replaced by a new process: a caller that checks for leftover processes tells them apart
+        from this pool's own. pebble has no public accessor; this reads its worker manager."""
+        pool = self._pool
+        manager = getattr(pool, "_pool_manager", None) if pool is not None else None
+        if manager is None:
+            return set()
+        return {pid for pid, process in dict(manager.worker_manager.workers).items() if process.is_alive()}
+
     # -- lifecycle -------------------------------------------------------------------------------------------
     def __enter__(self) -> RewardPool:
         return self
