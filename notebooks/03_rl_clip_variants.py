@@ -33,8 +33,10 @@
 # acts: GPPO keeps the gradient of a measurable share of the fork tokens.
 #
 # **Controls.** (1) At one update per rollout the ratio is 1 and every loss must give the same run (a check).
-# (2) Seed s gives every arm the same SFT start and the same first rollout. (3) α = 0 in every arm (notebook 06's
-# question). (4) PPO-clip at twice the learning rate (the step-size control). (5) A mechanism panel: a policy that is
+# (2) Seed s gives every arm the same SFT start and the same first rollout; the start is seed s's own (SFT trained
+# from seed s), so a replicate is a start and an RL run, and the interval covers how the effect moves between
+# starts, not only between RL seeds around one start. A check asks that every start learned its teacher. (3) α = 0
+# in every arm (notebook 06's question). (4) PPO-clip at twice the learning rate (the step-size control). (5) A mechanism panel: a policy that is
 # nothing but fork tokens, trained with `klear_lib.losses` directly, shows each loss's advantage over PPO-clip (CISPO
 # and CE-GPPO's β_l = 0.5 too) against updates per rollout and learning rate, in seconds.
 #
@@ -48,13 +50,13 @@
 # Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
 arms = "ppo_clip,gppo,ppo_clip_2x_lr"          # the pair the claim compares, and the step-size control
-seeds = "0,1,2,3,4,5,6,7,8,9"
+seeds = "0,1,2,3,4,5"                          # each seed trains its own SFT start, then RL
 model = "tiny"
 n_train = 6000
 n_heldout = 128
 levels = "1,2,3,4"
 sft_lr = 2.0e-3
-sft_epochs = 2.0
+sft_epochs = 3.0
 sft_batch_size = 32
 fork_facts = "2+3->6,5+1->7,7+2->8,9+3->1"        # the SFT teacher writes these wrong ...
 fork_wrong_rate = 0.8                          # ... this often
@@ -81,7 +83,8 @@ bf16 = False
 # ## Configuration
 # One strict, typed config (`RLExperimentConfig`); every arm is a diff against it that changes only the keys it
 # names. The held-out evaluation runs once, after the last rollout (the start's is the warm start's, shared by
-# every arm); the curve is the exact probe, recorded every rollout. The claims are read here, before any training.
+# every arm of a seed); the curve is the exact probe, recorded every rollout. The claims are read here, before any
+# training.
 
 # %% tags=["config"]
 import time
@@ -92,7 +95,6 @@ from IPython.display import display
 
 from klear_lib import claims, experiment, glossary, mechanism, notebook, plots, runs
 from klear_lib.config import RLExperimentConfig
-from klear_lib.train.sft import arithmetic_warm_start
 
 notebook.quiet()
 notebook.require(globals(), counts=("control_rollouts", "panel_seeds", "panel_groups", "workers"))
@@ -115,8 +117,9 @@ run_path = notebook.start_run(NAME, run_dir, params=globals(), config={
     "control_rollouts": control_rollouts, "panel_seeds": panel_seeds, "panel_groups": panel_groups,
     "workers": workers})
 print(f"run dir: {run_path}")
-print(f"{len(arm_list)} arms x {len(seed_list)} seeds; {base.rollouts} rollouts of up to {base.updates_per_rollout} "
-      f"updates each, lr {base.rl_lr:g}; primary claim: {next(i for i, d in DECLARED.items() if d['role'] == 'primary')}")
+print(f"{len(arm_list)} arms x {len(seed_list)} seeds, one SFT start per seed; {base.rollouts} rollouts of up to "
+      f"{base.updates_per_rollout} updates each, lr {base.rl_lr:g}; primary claim: "
+      f"{next(i for i, d in DECLARED.items() if d['role'] == 'primary')}")
 
 # %% [markdown]
 # ## The gradient each loss gives, and the mechanism alone
@@ -180,25 +183,43 @@ display(dose[dose["updates"] == 16].round(4))
 assert (on_policy["advantage"].abs() < 1e-12).all(), "on-policy, every loss must give the same trajectory"
 
 # %% [markdown]
-# ## SFT warm start
-# One SFT start for every arm and seed (trained once and cached: notebooks 04, 06 and 07 share it). Held-out
-# accuracy at T 0.6 is split into the *fork problems* (their correct chain uses a fork fact) and the rest.
+# ## SFT warm starts, one per seed
+# Seed s's start is SFT from seed s (initialisation and data order; the teacher's samples are the same for every
+# seed), trained side by side, once, and cached (notebooks 04, 06 and 07 use seed 0's). Held-out accuracy at T 0.6
+# is split into the *fork problems* (their correct chain uses a fork fact) and the rest; the fork probe is
+# p(right digit) at the four fork facts (the teacher's: 0.2).
 
 # %%
-ws = arithmetic_warm_start(base, run_path / "sft", cache_root=notebook.cache_root(run_path))
-start = ws.start
+clock = time.perf_counter()
+start_jobs = [experiment.Job(f"start/seed={s}", "klear_lib.train.rl_jobs:start_unit", {
+    "config": {**vars(base.replace(seed=s))}, "cache_root": str(notebook.cache_root(run_path)),
+    "out_dir": str(run_path / "sft" / f"seed={s}"), "tags": {"seed": s}}) for s in seed_list]
+start_results = experiment.run_jobs(start_jobs, run_path / "starts", workers=workers)  # side by side
+sft_dirs = {s: start_results[f"start/seed={s}"]["model_dir"] for s in seed_list}
+starts = {s: start_results[f"start/seed={s}"]["start"] for s in seed_list}
+start_table = pd.DataFrame([{"seed": s, "avg@n": st["avg_at_n"], "fork problems": st["avg_at_n_fork"],
+                             "the rest": st["avg_at_n_rest"], "p(right digit) at the forks": st["p_correct_fork"]}
+                            for s, st in starts.items()]).set_index("seed")
+display(start_table.round(3))
+starts_learned = bool((start_table["the rest"] >= 0.9).all() and (start_table["p(right digit) at the forks"]
+                                                                   <= 0.35).all())
+print(f"{len(seed_list)} SFT starts in {time.perf_counter() - clock:.0f}s; the rest: "
+      f"{start_table['the rest'].min():.3f}-{start_table['the rest'].max():.3f}, p(right digit) at the forks: "
+      f"{start_table['p(right digit) at the forks'].min():.3f}-{start_table['p(right digit) at the forks'].max():.3f}")
 
 # %% [markdown]
 # ## Control: one update per rollout
 # With a single update per rollout the ratio is exactly 1 and the losses give the same gradient, so their runs
-# must be identical: same probe, same held-out accuracy. (`mini_batch_prompts = rollout_prompts`.)
+# must be identical: same probe, same held-out accuracy. (`mini_batch_prompts = rollout_prompts`; the first seed
+# and its start.)
 
 # %%
 control_arms = ("ppo_clip", "gppo")
 control_jobs = [experiment.Job(f"control/{a}", "klear_lib.train.rl_jobs:rl_unit", {
     "config": {**vars(configs[a].replace(mini_batch_prompts=base.rollout_prompts, rollouts=control_rollouts,
-                                         eval_every=control_rollouts, rl_lr=2 * rl_lr))},
-    "start": str(ws.sft_dir), "tags": {"variant": a, "seed": base.seed, "arm": "control"}}) for a in control_arms]
+                                         eval_every=control_rollouts, rl_lr=2 * rl_lr, seed=seed_list[0]))},
+    "start": sft_dirs[seed_list[0]], "tags": {"variant": a, "seed": seed_list[0], "arm": "control"}})
+    for a in control_arms]
 experiment.run_jobs(control_jobs, run_path / "control", workers=workers)
 cdf = plots.metrics_frame(run_path / "control")
 probe = cdf.dropna(subset=["klear/p_correct_fork"]).pivot_table(index="rollout", columns="variant",
@@ -220,7 +241,7 @@ print(f"control: largest spread across losses: probe {control_probe_spread:.1e},
 
 # %%
 jobs = [experiment.Job(f"{a}/seed={s}", "klear_lib.train.rl_jobs:rl_unit", {
-    "config": {**vars(configs[a].replace(seed=s))}, "start": str(ws.sft_dir),
+    "config": {**vars(configs[a].replace(seed=s))}, "start": sft_dirs[s],
     "tags": {"variant": a, "seed": s}}) for s in seed_list for a in arm_list]
 clock = time.perf_counter()
 experiment.run_jobs(jobs, run_path, workers=workers)
@@ -266,8 +287,9 @@ print(f"ppo_clip clips {ppo_clip_fork:.1%} of the fork tokens; gppo keeps the gr
 # %% [markdown]
 # ## Read-outs per seed, and the claims
 # Per run: the area under the fork probe over the rollouts (its mean level; the declared primary read-out), the
-# rest probe's area, and the held-out accuracy after the last rollout (fork problems, the rest). Each claim is a
-# paired difference at the same seed; the secondaries are Holm-adjusted together.
+# rest probe's area, and the held-out accuracy after the last rollout (fork problems, the rest); beside them, the
+# seed's start. Each claim is a paired difference at the same seed (the same start); the secondaries are
+# Holm-adjusted together.
 
 # %%
 pr = df.dropna(subset=["klear/p_correct_fork"])
@@ -282,7 +304,9 @@ for (arm, seed), g in pr.groupby(["variant", "seed"]):
 per_run = pd.DataFrame(per_run)
 ent = steps.groupby(["variant", "seed"])["entropy"].mean().rename("entropy").reset_index()
 per_run = per_run.merge(ent, on=["variant", "seed"])
-display(plots.seed_table(per_run, ["probe_auc", "rest_probe_auc", "final_fork", "final_rest", "entropy"]))
+per_run["start_probe"] = per_run["seed"].map({s: st["p_correct_fork"] for s, st in starts.items()})
+display(plots.seed_table(per_run, ["probe_auc", "rest_probe_auc", "final_fork", "final_rest", "entropy",
+                                   "start_probe"]))
 
 
 def by_seed(arm, col):
@@ -300,6 +324,10 @@ claim_list = [
                                     "rollout", seeds=1),
     claims.declared_check(DECLARED, "clipping_binds", preserved_fork >= 0.05, preserved_fork,
                           criterion="GPPO keeps the gradient of >= 5% of the fork tokens", seeds=len(seed_list)),
+    claims.declared_check(DECLARED, "starts_learned", starts_learned, float(start_table["the rest"].min()),
+                          criterion="every seed's SFT start answers >= 90% of the non-fork held-out samples right and "
+                                    "gives the right digit at the forks p <= 0.35 (the teacher: 100%, 0.2)",
+                          seeds=len(seed_list)),
 ]
 if "ppo_clip_2x_lr" in arm_list:
     claim_list.insert(2, claims.declared_claim(DECLARED, "gppo_vs_ppo_clip_2x_lr.probe_auc",
@@ -320,7 +348,8 @@ PAPER_ROLE = {"ppo_clip": "DAPO clip-higher (ε 0.2/0.28): the baseline",
               "gppo": "GPPO (β 1): above DAPO through training",
               "ppo_clip_2x_lr": "(not in the paper) DAPO clip-higher at twice the learning rate: the step-size control"}
 summary = {
-    "sft_start": start,
+    "sft_start": starts[seed_list[0]],
+    "sft_starts": {str(s): st for s, st in starts.items()},
     "mechanism": mech.reset_index().to_dict(orient="records"),
     "control": {"probe_spread": control_probe_spread, "eval_spread": control_eval_spread,
                 "ratio_max": control_ratio_max},

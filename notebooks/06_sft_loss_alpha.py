@@ -41,7 +41,7 @@ n_train = 6000
 n_heldout = 128
 levels = "1,2,3,4"
 sft_lr = 2.0e-3
-sft_epochs = 2.0
+sft_epochs = 3.0
 sft_batch_size = 32
 fork_facts = "2+3->6,5+1->7,7+2->8,9+3->1"
 fork_wrong_rate = 0.8
@@ -96,7 +96,7 @@ print(f"{len(configs)} arms x {len(seed_list)} seeds; {base.rollouts} rollouts o
       f"{base.updates_per_rollout} updates")
 
 # %% [markdown]
-# ## SFT warm start (shared with notebooks 03, 04 and 07; cached)
+# ## SFT warm start (seed 0's: notebook 03 trains one per seed; shared with 04 and 07; cached)
 
 # %%
 ws = arithmetic_warm_start(base, run_path / "sft", cache_root=notebook.cache_root(run_path))

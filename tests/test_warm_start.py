@@ -67,3 +67,28 @@ def test_a_cache_hit_is_the_same_experiment_as_the_miss_and_damage_retrains(tmp_
         assert weights.read_bytes() == original  # trained again, bit for bit the same model (CPU)
         assert json.loads((tmp_path / "again" / "sft_start.json").read_text()) == json.loads(start_text)
         assert again.start == miss.start and streams() == after_miss
+
+
+def test_start_units_train_a_start_per_seed_side_by_side_and_are_the_notebooks_own_starts(tmp_path):
+    # 03 trains one start per seed as units of work (rl_jobs.start_unit, run_jobs in worker processes): each unit's
+    # model is the cache entry of its seed's key, its evaluation is what a call in this process gives on that entry
+    # (a hit), and two seeds are two different starts.
+    from klear_lib import experiment
+
+    cache_root = tmp_path / "cache"
+    cfgs = {s: RLExperimentConfig.from_params({**CFG, "seed": s}) for s in (0, 1)}
+    jobs = [experiment.Job(f"start/seed={s}", "klear_lib.train.rl_jobs:start_unit", {
+        "config": {**vars(cfg)}, "cache_root": str(cache_root), "out_dir": str(tmp_path / f"sft/seed={s}"),
+        "tags": {"seed": s}}) for s, cfg in cfgs.items()]
+    results = experiment.run_jobs(jobs, tmp_path / "starts", workers=2)
+    for s, cfg in cfgs.items():
+        r = results[f"start/seed={s}"]
+        assert r["seed"] == s and r["model_dir"] == str(cache_root / warm_start_key(cfg) / "final")
+        said = []
+        here = arithmetic_warm_start(cfg, tmp_path / f"here{s}", cache_root=cache_root, progress=said.append)
+        assert sum("reusing the cached model" in line for line in said) == 1
+        assert r["start"] == here.start
+        record = json.loads((tmp_path / f"sft/seed={s}" / "sft_start.json").read_text())
+        assert record["start"]["avg_at_n"] == r["start"]["avg_at_n"] and record["model_dir"] == r["model_dir"]
+    weights = [(cache_root / warm_start_key(c) / "final" / "model.safetensors").read_bytes() for c in cfgs.values()]
+    assert warm_start_key(cfgs[0]) != warm_start_key(cfgs[1]) and weights[0] != weights[1]

@@ -1,7 +1,9 @@
 """Units of work of the RL notebooks, run by ``klear_lib.experiment.run_jobs`` in worker processes.
 
-``rl_unit`` is one arm × one seed on the arithmetic task: load the shared SFT start, seed, run RL, write its
-records. Its result (read back on resume) holds what the notebooks' read-outs need without re-reading metrics.
+``rl_unit`` is one arm × one seed on the arithmetic task: load the SFT start, seed, run RL, write its records. Its
+result (read back on resume) holds what the notebooks' read-outs need without re-reading metrics. ``start_unit`` is
+one SFT start (``train.sft.arithmetic_warm_start``), so that a notebook with a start per seed trains them side by
+side.
 """
 
 from __future__ import annotations
@@ -29,3 +31,15 @@ def rl_unit(*, config: dict, start: str, tags: dict, metrics_path: str) -> dict:
     last = history[-1] if history else {}
     return {"final": {k: v for k, v in last.items() if k.startswith("eval/")}, "steps": last.get("step", 0),
             "rollouts": last.get("rollout", 0)}
+
+
+def start_unit(*, config: dict, cache_root: str, out_dir: str, tags: dict, metrics_path: str) -> dict:
+    """The SFT start of ``config`` (``RLExperimentConfig`` fields; its ``seed`` is the start's) as a unit of work:
+    ``arithmetic_warm_start`` into the cache under ``cache_root`` (trained there once per key, as the notebooks'
+    own calls do), its record in ``out_dir/sft_start.json``. Returns the model's folder and the start's held-out
+    evaluation, with ``tags``."""
+    from klear_lib.train.sft import arithmetic_warm_start
+
+    ws = arithmetic_warm_start(RLExperimentConfig.from_params(config), out_dir, cache_root=cache_root,
+                               progress=lambda *_: None)
+    return {"model_dir": str(ws.sft_dir), "start": ws.start, **tags}
