@@ -230,7 +230,8 @@ def pypi_reachable() -> bool:
 
 @pytest.mark.slow
 def test_locks_recompile_to_the_committed_files():
-    """tools/lock.py --check: PyPI as of the tool's --exclude-newer date gives back every committed lock. CI reaches
+    """tools/lock.py --check: PyPI as of the tool's --exclude-newer date, from the committed locks (as a write
+    starts), gives back every committed lock; an input changed without its lock fails it. CI reaches
     PyPI (it runs there as a failure, not a skip); elsewhere an unreachable PyPI skips."""
     if not pypi_reachable():
         if os.environ.get("CI"):

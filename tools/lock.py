@@ -4,8 +4,10 @@
     python tools/lock.py --check    # recompile into a temporary folder and diff against the committed locks
 
 Each lock is ``uv pip compile`` output for Linux x86_64 (manylinux_2_28) and one Python version, resolved against
-PyPI as it stood at ``EXCLUDE_NEWER``: a later release cannot change a recompiled lock, so ``--check`` fails only
-when an input (``pyproject.toml``, ``locks/*.in``) changed without its lock. Needs uv ``UV_VERSION`` (the ``test``
+PyPI as it stood at ``EXCLUDE_NEWER``, starting from the lock already there (uv keeps each pin that the inputs
+still allow). ``--check`` starts from the committed lock too, so it fails only when an input (``pyproject.toml``,
+``locks/*.in``) changed without its lock; not when the index later shows a release dated before
+``EXCLUDE_NEWER`` (a mirror filled in late did, on 2026-12-02: httpx 0.29.0, accelerate 1.16.0). Needs uv ``UV_VERSION`` (the ``test``
 extra installs it; other uv versions word the files differently) and PyPI.
 
 The CPU lock names torch's CPU build (``torch==2.13.0+cpu``), which is on PyTorch's CPU index, not on PyPI. uv is
@@ -146,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         wheels = tmp / "wheels"  # one folder per Python version: the CPU torch wheel of each
         jobs = [(env, python, env.lock(python)) for env in ENVIRONMENTS for python in env.pythons]
         outs = [tmp / target.name if args.check else target for _, _, target in jobs]
+        if args.check:  # from the committed lock, as a write starts from it: uv keeps a pin its inputs still allow
+            for (_, _, target), out in zip(jobs, outs):
+                if target.exists():
+                    shutil.copyfile(target, out)
         # The resolutions are independent and wait mostly on PyPI: run them at once (uv locks its shared cache).
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as ex:
             futures = [ex.submit(compile_lock, uv, env, python, out, wheels / python)
