@@ -7,8 +7,8 @@ Each lock is ``uv pip compile`` output for Linux x86_64 (manylinux_2_28) and one
 PyPI as it stood at ``EXCLUDE_NEWER``, starting from the lock already there (uv keeps each pin that the inputs
 still allow). ``--check`` starts from the committed lock too, so it fails only when an input (``pyproject.toml``,
 ``locks/*.in``) changed without its lock; not when the index later shows a release dated before
-``EXCLUDE_NEWER`` (a mirror filled in late did, on 2026-12-02: httpx 0.29.0, accelerate 1.16.0). Needs uv ``UV_VERSION`` (the ``test``
-extra installs it; other uv versions word the files differently) and PyPI.
+``EXCLUDE_NEWER`` (a mirror filled in late did, on 2026-12-02: httpx 0.29.0, accelerate 1.16.0). Needs uv
+``UV_VERSION`` (the ``test`` extra installs it; other uv versions word the files differently) and PyPI.
 
 The CPU lock names torch's CPU build (``torch==2.13.0+cpu``), which is on PyTorch's CPU index, not on PyPI. uv is
 pointed at that one wheel, which pip fetches first: from pip's own configuration where it finds it there (a local
