@@ -588,6 +588,11 @@ def claims_html(latest: Mapping[str, "RunInfo"]) -> str:
     if "custom" in marked:
         note += ("<p class=\"warn\">Some claims come from <code>custom</code> runs: their parameters match no "
                  "committed preset (each run's section says what differs).</p>")
+    # notebooks whose summary says each seed trained its own start (``start_per_seed``): their intervals cover it
+    own = [nb for nb, run in latest.items() if run.status == "ran" and isinstance(run.summary, dict)
+           and run.summary.get("start_per_seed")]
+    starts = (f"In {', '.join(_e(nb) for nb in own)} each seed trains its own SFT start, so an interval covers how "
+              "the start varies; elsewhere " if own else "")
     tally = (f"<p>{len(tested)} claims tested against the papers ({sum(primary.values())} primary, one per notebook "
              f"that tests a paper; the rest secondary): " + ", ".join(f"{n} {v}" for v, n in counts.items())
              + " (primary: " + ", ".join(f"{n} {v}" for v, n in primary.items()) + "). "
@@ -596,9 +601,9 @@ def claims_html(latest: Mapping[str, "RunInfo"]) -> str:
              "(p ≤ 0.05; Holm-adjusted within a notebook for secondary claims; never below 3 seeds). Its "
              "false-positive rate on null data is at most 5% (measured in <code>tests/test_claims.py</code>). A "
              "verdict says what a 1M-parameter stand-in showed in minutes of CPU training, not whether the paper "
-             "is right at its scale. In 03 each seed trains its own SFT start, so its intervals cover how the start "
-             "varies; elsewhere the seeds vary training from one trained starting model (a notebook's base or SFT "
-             "warm start; one per regime in 05): an interval covers that noise, not how the start varies. A run "
+             "is right at its scale. " + starts +
+             "the seeds vary training from one trained starting model (a notebook's base or SFT warm start; one "
+             "per regime in 05): an interval covers that noise, not how the start varies. A run "
              "is bit-identical on one machine; another processor (each run records <code>cpu</code> and "
              "<code>cpu_capability</code> in <code>versions.json</code>) can train another start, and effects and "
              "verdicts can move with it (<code>docs/results.md</code>). "

@@ -201,8 +201,9 @@ start_table = pd.DataFrame([{"seed": s, "avg@n": st["avg_at_n"], "fork problems"
                              "the rest": st["avg_at_n_rest"], "p(right digit) at the forks": st["p_correct_fork"]}
                             for s, st in starts.items()]).set_index("seed")
 display(start_table.round(3))
-starts_learned = bool((start_table["the rest"] >= 0.9).all() and (start_table["p(right digit) at the forks"]
-                                                                   <= 0.35).all())
+REST_MIN, FORK_P_MAX = 0.9, 0.35  # a start learned its teacher (the teacher: 100% off the forks, p 0.2 at them)
+starts_learned = bool((start_table["the rest"] >= REST_MIN).all()
+                      and (start_table["p(right digit) at the forks"] <= FORK_P_MAX).all())
 print(f"{len(seed_list)} SFT starts in {time.perf_counter() - clock:.0f}s; the rest: "
       f"{start_table['the rest'].min():.3f}-{start_table['the rest'].max():.3f}, p(right digit) at the forks: "
       f"{start_table['p(right digit) at the forks'].min():.3f}-{start_table['p(right digit) at the forks'].max():.3f}")
@@ -325,8 +326,9 @@ claim_list = [
     claims.declared_check(DECLARED, "clipping_binds", preserved_fork >= 0.05, preserved_fork,
                           criterion="GPPO keeps the gradient of >= 5% of the fork tokens", seeds=len(seed_list)),
     claims.declared_check(DECLARED, "starts_learned", starts_learned, float(start_table["the rest"].min()),
-                          criterion="every seed's SFT start answers >= 90% of the non-fork held-out samples right and "
-                                    "gives the right digit at the forks p <= 0.35 (the teacher: 100%, 0.2)",
+                          criterion=f"every seed's SFT start answers >= {REST_MIN:.0%} of the non-fork held-out "
+                                    f"samples right and gives the right digit at the forks p <= {FORK_P_MAX} (the "
+                                    f"teacher: 100%, 0.2)",
                           seeds=len(seed_list)),
 ]
 if "ppo_clip_2x_lr" in arm_list:
@@ -350,6 +352,7 @@ PAPER_ROLE = {"ppo_clip": "DAPO clip-higher (ε 0.2/0.28): the baseline",
 summary = {
     "sft_start": starts[seed_list[0]],
     "sft_starts": {str(s): st for s, st in starts.items()},
+    "start_per_seed": True,  # the report: these intervals cover how the start varies
     "mechanism": mech.reset_index().to_dict(orient="records"),
     "control": {"probe_spread": control_probe_spread, "eval_spread": control_eval_spread,
                 "ratio_max": control_ratio_max},

@@ -265,7 +265,8 @@ def test_the_report_opens_with_every_claim_and_its_verdict_and_marks_smoke_runs(
     aa = claims.paired_claim("aa", "A/A", "this project", "auc", {s: 0.5 + 0.01 * s for s in seeds},
                              {s: 0.5 + 0.01 * ((s * 5) % 6) for s in seeds}, role="check", expect="inconclusive")
     assert up["verdict"] == "reproduced" and down["verdict"] == "reversed" and aa["verdict"] == "pass"
-    make_run(tmp_path, "03_rl", "20250101-120000", summary={"claims": claims.finalize([up, side, ctl])})
+    make_run(tmp_path, "03_rl", "20250101-120000", summary={"claims": claims.finalize([up, side, ctl]),
+                                                            "start_per_seed": True})
     make_run(tmp_path, "04_erc", "20250101-120000", summary={"claims": [down, aa]}, preset="smoke")
     make_run(tmp_path, "05_code", "20250101-120000", summary={"claims": [{**up, "verdict": "reversed"}]})  # invalid
     with pytest.warns(UserWarning, match="05_code.*does not follow from"):
@@ -276,6 +277,8 @@ def test_the_report_opens_with_every_claim_and_its_verdict_and_marks_smoke_runs(
     assert "3 claims tested against the papers (2 primary" in claims_part
     assert "1 reproduced, 1 reversed, 1 inconclusive (primary: 1 reproduced, 1 reversed, 0 inconclusive)" in claims_part
     assert "2 checks" in claims_part and "<h3>Checks (pass/fail, not counted)</h3>" in claims_part
+    # what an interval covers, from the runs: 03_rl's seeds trained their own starts, 04_erc's did not
+    assert "In 03_rl each seed trains its own SFT start" in claims_part and "04_erc each seed" not in claims_part
     checks_part = claims_part[claims_part.index("<h3>Checks"):]
     assert "the control holds" in checks_part and "A/A" in checks_part and "GPPO beats DAPO" not in checks_part
     # primaries first, every verdict phrased for the stand-in, the scope column, escaped text
