@@ -95,6 +95,7 @@ from IPython.display import display
 
 from klear_lib import claims, experiment, glossary, mechanism, notebook, plots, runs
 from klear_lib.config import RLExperimentConfig
+from klear_lib.train import rl_jobs
 
 notebook.quiet()
 notebook.require(globals(), counts=("control_rollouts", "panel_seeds", "panel_groups", "workers"))
@@ -185,28 +186,15 @@ assert (on_policy["advantage"].abs() < 1e-12).all(), "on-policy, every loss must
 # %% [markdown]
 # ## SFT warm starts, one per seed
 # Seed s's start is SFT from seed s (initialisation and data order; the teacher's samples are the same for every
-# seed), trained side by side, once, and cached (notebooks 04, 06 and 07 use seed 0's). Held-out accuracy at T 0.6
-# is split into the *fork problems* (their correct chain uses a fork fact) and the rest; the fork probe is
+# seed), trained side by side, once, and cached: notebooks 04 and 06 reuse them, 07 seed 0's. Held-out accuracy at
+# T 0.6 is split into the *fork problems* (their correct chain uses a fork fact) and the rest; the fork probe is
 # p(right digit) at the four fork facts (the teacher's: 0.2).
 
 # %%
-clock = time.perf_counter()
-start_jobs = [experiment.Job(f"start/seed={s}", "klear_lib.train.rl_jobs:start_unit", {
-    "config": {**vars(base.replace(seed=s))}, "cache_root": str(notebook.cache_root(run_path)),
-    "out_dir": str(run_path / "sft" / f"seed={s}"), "tags": {"seed": s}}) for s in seed_list]
-start_results = experiment.run_jobs(start_jobs, run_path / "starts", workers=workers)  # side by side
-sft_dirs = {s: start_results[f"start/seed={s}"]["model_dir"] for s in seed_list}
-starts = {s: start_results[f"start/seed={s}"]["start"] for s in seed_list}
-start_table = pd.DataFrame([{"seed": s, "avg@n": st["avg_at_n"], "fork problems": st["avg_at_n_fork"],
-                             "the rest": st["avg_at_n_rest"], "p(right digit) at the forks": st["p_correct_fork"]}
-                            for s, st in starts.items()]).set_index("seed")
-display(start_table.round(3))
-REST_MIN, FORK_P_MAX = 0.9, 0.35  # a start learned its teacher (the teacher: 100% off the forks, p 0.2 at them)
-starts_learned = bool((start_table["the rest"] >= REST_MIN).all()
-                      and (start_table["p(right digit) at the forks"] <= FORK_P_MAX).all())
-print(f"{len(seed_list)} SFT starts in {time.perf_counter() - clock:.0f}s; the rest: "
-      f"{start_table['the rest'].min():.3f}-{start_table['the rest'].max():.3f}, p(right digit) at the forks: "
-      f"{start_table['p(right digit) at the forks'].min():.3f}-{start_table['p(right digit) at the forks'].max():.3f}")
+ss = rl_jobs.seed_starts(base, seed_list, run_path, cache_root=notebook.cache_root(run_path), workers=workers)
+sft_dirs, starts = ss.dirs, ss.starts
+display(ss.table.round(3))
+print(ss.describe())
 
 # %% [markdown]
 # ## Control: one update per rollout
@@ -325,11 +313,7 @@ claim_list = [
                                     "rollout", seeds=1),
     claims.declared_check(DECLARED, "clipping_binds", preserved_fork >= 0.05, preserved_fork,
                           criterion="GPPO keeps the gradient of >= 5% of the fork tokens", seeds=len(seed_list)),
-    claims.declared_check(DECLARED, "starts_learned", starts_learned, float(start_table["the rest"].min()),
-                          criterion=f"every seed's SFT start answers >= {REST_MIN:.0%} of the non-fork held-out "
-                                    f"samples right and gives the right digit at the forks p <= {FORK_P_MAX} (the "
-                                    f"teacher: 100%, 0.2)",
-                          seeds=len(seed_list)),
+    ss.check(DECLARED),
 ]
 if "ppo_clip_2x_lr" in arm_list:
     claim_list.insert(2, claims.declared_claim(DECLARED, "gppo_vs_ppo_clip_2x_lr.probe_auc",

@@ -17,14 +17,15 @@
 # **What this notebook tests** (declared before the run in `params/06_sft_loss_alpha/claims.yaml`). The primary
 # claim: α = 0.1 above α = 0, read out as the area under the exact fork probe `klear/p_correct_fork` over the
 # rollouts (notebook 03's stand-in: after SFT the model's mode on four facts is wrong, so RL has to move it), paired by
-# seed. Secondary: α = 0.1 above α = 0.2 (with the primary: an interior best). Every α shares the SFT start, the
-# first rollout of each seed and the rest of the recipe (GPPO, Klear's filter, 8 updates per rollout); only α
-# changes. Beside it, the entropy the term costs (a read-out, not a claim).
+# seed. Secondary: α = 0.1 above α = 0.2 (with the primary: an interior best). At seed s every α shares seed s's
+# own SFT start (notebook 03's starts, from the cache when 03 ran into the same output root), the first rollout and
+# the rest of the recipe (GPPO, Klear's filter, 8 updates per rollout); only α changes. The start is part of the
+# replicate, so the interval covers how the effect moves between starts; a check asks that every start learned. Beside it, the entropy the term costs (a read-out, not a claim).
 #
 # **The noise floor.** The same arm (α = 0) also runs under a second, independent seed stream (seed s + 1000 for
 # seed s), and the two streams go through the same rule as a declared A/A check: it must come out inconclusive
-# (the rule's false-positive rate is 5%, so one run in twenty fails it by chance). The report shows it as the
-# stand-in's noise floor.
+# (the rule's false-positive rate is 5%, so one run in twenty fails it by chance). Both streams of seed s start from
+# seed s's start: the floor is that of the paired design. The report shows it as the stand-in's noise floor.
 #
 # **What the tiny stand-in can and cannot show.** Whether the NLL on the model's own correct samples speeds the
 # move of a wrong mode, and what it does to entropy. Not the paper's sub-point differences on AIME, which lie
@@ -73,7 +74,7 @@ from IPython.display import display
 
 from klear_lib import claims, experiment, glossary, notebook, plots, runs
 from klear_lib.config import RLExperimentConfig
-from klear_lib.train.sft import arithmetic_warm_start
+from klear_lib.train import rl_jobs
 
 notebook.quiet()
 notebook.require(globals(), counts=("workers",))
@@ -92,15 +93,17 @@ run_path = notebook.start_run(NAME, run_dir, params=globals(), config={
     "base": base, "alphas": alpha_list, "aa_stream": aa_stream, "aa_offset": AA_OFFSET, "seeds": seed_list,
     "claims_declared": DECLARED, "workers": workers})
 print(f"run dir: {run_path}")
-print(f"{len(configs)} arms x {len(seed_list)} seeds; {base.rollouts} rollouts of up to "
+print(f"{len(configs)} arms x {len(seed_list)} seeds, one SFT start per seed; {base.rollouts} rollouts of up to "
       f"{base.updates_per_rollout} updates")
 
 # %% [markdown]
-# ## SFT warm start (seed 0's: notebook 03 trains one per seed; shared with 04 and 07; cached)
+# ## SFT warm starts, one per seed
+# Seed s's start is SFT from seed s, trained side by side and cached (the same starts as notebooks 03 and 04).
 
 # %%
-ws = arithmetic_warm_start(base, run_path / "sft", cache_root=notebook.cache_root(run_path))
-start = ws.start
+ss = rl_jobs.seed_starts(base, seed_list, run_path, cache_root=notebook.cache_root(run_path), workers=workers)
+display(ss.table.round(3))
+print(ss.describe())
 
 # %% [markdown]
 # ## RL: every α × every seed (units of work in worker processes, resumable)
@@ -111,7 +114,7 @@ def stream_seed(variant, s):
 
 
 jobs = [experiment.Job(f"{v}/seed={s}", "klear_lib.train.rl_jobs:rl_unit", {
-    "config": {**vars(cfg.replace(seed=stream_seed(v, s)))}, "start": str(ws.sft_dir),
+    "config": {**vars(cfg.replace(seed=stream_seed(v, s)))}, "start": ss.dirs[s],
     "tags": {"variant": v, "alpha": cfg.sft_alpha, "seed": s}}) for s in seed_list for v, cfg in configs.items()]
 clock = time.perf_counter()
 experiment.run_jobs(jobs, run_path, workers=workers)
@@ -160,7 +163,7 @@ def by_seed(v, col):
 
 
 claim_list = [claims.declared_claim(DECLARED, "alpha_0.1_vs_0.probe_auc", by_seed("alpha=0.1", "probe_auc"),
-                                    by_seed("alpha=0", "probe_auc"))]
+                                    by_seed("alpha=0", "probe_auc")), ss.check(DECLARED)]
 if "alpha=0.2" in configs:
     claim_list.append(claims.declared_claim(DECLARED, "alpha_0.1_vs_0.2.probe_auc", by_seed("alpha=0.1", "probe_auc"),
                                             by_seed("alpha=0.2", "probe_auc")))
@@ -184,7 +187,9 @@ display(pd.DataFrame(entropy_cost).T.round(5))
 # %%
 PAPER_ALPHA = {0.0: (78.13, 68.02), 0.05: (77.81, 69.48), 0.1: (79.37, 70.42), 0.2: (78.44, 69.58)}  # Table 6
 summary = {
-    "sft_start": start,
+    "sft_start": ss.starts[seed_list[0]],
+    "sft_starts": {str(s): st for s, st in ss.starts.items()},
+    "start_per_seed": True,  # the report: these intervals cover how the start varies
     "per_run": per_run.to_dict(orient="records"),
     "entropy_cost": entropy_cost,
     "figures": ["figures/sft_loss_alpha.png"],

@@ -69,26 +69,32 @@ def test_a_cache_hit_is_the_same_experiment_as_the_miss_and_damage_retrains(tmp_
         assert again.start == miss.start and streams() == after_miss
 
 
-def test_start_units_train_a_start_per_seed_side_by_side_and_are_the_notebooks_own_starts(tmp_path):
-    # 03 trains one start per seed as units of work (rl_jobs.start_unit, run_jobs in worker processes): each unit's
+def test_seed_starts_train_a_start_per_seed_side_by_side_and_are_the_notebooks_own_starts(tmp_path):
+    # 03, 04 and 06 train one start per seed (rl_jobs.seed_starts: start_unit in worker processes): each seed's
     # model is the cache entry of its seed's key, its evaluation is what a call in this process gives on that entry
-    # (a hit), and two seeds are two different starts.
-    from klear_lib import experiment
-
+    # (a hit), two seeds are two different starts, and a second notebook into the same output root reuses them.
     cache_root = tmp_path / "cache"
-    cfgs = {s: RLExperimentConfig.from_params({**CFG, "seed": s}) for s in (0, 1)}
-    jobs = [experiment.Job(f"start/seed={s}", "klear_lib.train.rl_jobs:start_unit", {
-        "config": {**vars(cfg)}, "cache_root": str(cache_root), "out_dir": str(tmp_path / f"sft/seed={s}"),
-        "tags": {"seed": s}}) for s, cfg in cfgs.items()]
-    results = experiment.run_jobs(jobs, tmp_path / "starts", workers=2)
+    base = RLExperimentConfig.from_params({**CFG, "fork_facts": "2+3->6,5+1->7"})
+    ss = rl_jobs.seed_starts(base, [0, 1], tmp_path / "nb_a", cache_root=cache_root, workers=2)
+    cfgs = {s: base.replace(seed=s) for s in (0, 1)}
     for s, cfg in cfgs.items():
-        r = results[f"start/seed={s}"]
-        assert r["seed"] == s and r["model_dir"] == str(cache_root / warm_start_key(cfg) / "final")
+        assert ss.dirs[s] == str(cache_root / warm_start_key(cfg) / "final")
         said = []
         here = arithmetic_warm_start(cfg, tmp_path / f"here{s}", cache_root=cache_root, progress=said.append)
         assert sum("reusing the cached model" in line for line in said) == 1
-        assert r["start"] == here.start
-        record = json.loads((tmp_path / f"sft/seed={s}" / "sft_start.json").read_text())
-        assert record["start"]["avg_at_n"] == r["start"]["avg_at_n"] and record["model_dir"] == r["model_dir"]
+        assert ss.starts[s] == here.start
+        assert ss.table.loc[s, "the rest"] == here.start["avg_at_n_rest"]
+        record = json.loads((tmp_path / "nb_a" / "sft" / f"seed={s}" / "sft_start.json").read_text())
+        assert record["start"]["avg_at_n"] == ss.starts[s]["avg_at_n"] and record["model_dir"] == ss.dirs[s]
     weights = [(cache_root / warm_start_key(c) / "final" / "model.safetensors").read_bytes() for c in cfgs.values()]
     assert warm_start_key(cfgs[0]) != warm_start_key(cfgs[1]) and weights[0] != weights[1]
+    # The check, computed a second way from the evaluations; this 1-epoch, 128-sample start cannot pass it.
+    learned = all(st["avg_at_n_rest"] >= rl_jobs.START_REST_MIN and st["p_correct_fork"] <= rl_jobs.START_FORK_P_MAX
+                  for st in ss.starts.values())
+    assert ss.learned is learned is False
+    declared = {"starts_learned": {"role": "check", "claim": "c", "source": "s", "metric": "m", "scope": "x"}}
+    check = ss.check(declared)
+    assert check["verdict"] == "fail" and check["effect"] == min(st["avg_at_n_rest"] for st in ss.starts.values())
+    # Another notebook into the same root: the starts come from the cache, the same models and evaluations.
+    again = rl_jobs.seed_starts(base, [1, 0], tmp_path / "nb_b", cache_root=cache_root, workers=1)
+    assert again.dirs == ss.dirs and again.starts == ss.starts

@@ -2,11 +2,16 @@
 
 ``rl_unit`` is one arm × one seed on the arithmetic task: load the SFT start, seed, run RL, write its records. Its
 result (read back on resume) holds what the notebooks' read-outs need without re-reading metrics. ``start_unit`` is
-one SFT start (``train.sft.arithmetic_warm_start``), so that a notebook with a start per seed trains them side by
-side.
+one SFT start (``train.sft.arithmetic_warm_start``); ``seed_starts`` runs one per seed side by side, so that a
+replicate of an RL notebook is a start and an RL run, and checks that each start learned its teacher.
 """
 
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,6 +19,9 @@ from klear_lib import models, runs
 from klear_lib.config import RLExperimentConfig
 from klear_lib.data import tasks
 from klear_lib.experiment import unit_tracking_dir
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def rl_unit(*, config: dict, start: str, tags: dict, metrics_path: str) -> dict:
@@ -43,3 +51,59 @@ def start_unit(*, config: dict, cache_root: str, out_dir: str, tags: dict, metri
     ws = arithmetic_warm_start(RLExperimentConfig.from_params(config), out_dir, cache_root=cache_root,
                                progress=lambda *_: None)
     return {"model_dir": str(ws.sft_dir), "start": ws.start, **tags}
+
+
+# A start learned its teacher (who answers every non-fork problem right and gives the right digit at a fork with p
+# 0.2) when it answers at least START_REST_MIN of the non-fork held-out samples right and its fork probe is at most
+# START_FORK_P_MAX. Both are far from a start that failed: a 2-epoch start that had not learned gave 0.391.
+START_REST_MIN, START_FORK_P_MAX = 0.9, 0.35
+STARTS_CRITERION = (f"every seed's SFT start answers >= {START_REST_MIN:.0%} of the non-fork held-out samples right "
+                    f"and gives the right digit at the forks with p <= {START_FORK_P_MAX} (the teacher: 100%, 0.2)")
+
+
+@dataclass(frozen=True)
+class SeedStarts:
+    """One SFT start per seed: ``dirs[s]`` the model's folder, ``starts[s]`` its held-out evaluation
+    (``WarmStart.start``), ``table`` one row per seed, ``learned`` the check of ``STARTS_CRITERION``."""
+
+    dirs: dict
+    starts: dict
+    table: pd.DataFrame
+    learned: bool
+    seconds: float
+
+    def check(self, declared) -> dict:
+        """The notebook's declared check ``starts_learned`` (``claims.declared_check``)."""
+        from klear_lib import claims
+
+        return claims.declared_check(declared, "starts_learned", self.learned, float(self.table["the rest"].min()),
+                                     criterion=STARTS_CRITERION, seeds=len(self.dirs))
+
+    def describe(self) -> str:
+        t = self.table
+        return (f"{len(self.dirs)} SFT starts in {self.seconds:.0f}s; the rest: {t['the rest'].min():.3f}-"
+                f"{t['the rest'].max():.3f}, p(right digit) at the forks: {t['p(right digit) at the forks'].min():.3f}-"
+                f"{t['p(right digit) at the forks'].max():.3f}")
+
+
+def seed_starts(base: RLExperimentConfig, seeds, run_path, *, cache_root, workers: int = 2) -> SeedStarts:
+    """Seed s's SFT start for every s in ``seeds`` (``base`` with ``seed=s``): ``start_unit``s run side by side
+    into ``run_path/starts``, their records in ``run_path/sft/seed=<s>``, the models in the cache under
+    ``cache_root``, where a start trained by another notebook into the same output root (same key) is reused."""
+    import pandas as pd
+
+    from klear_lib import experiment
+
+    run_path, clock = Path(run_path), time.perf_counter()
+    jobs = [experiment.Job(f"start/seed={s}", "klear_lib.train.rl_jobs:start_unit", {
+        "config": {**vars(base.replace(seed=s))}, "cache_root": str(cache_root),
+        "out_dir": str(run_path / "sft" / f"seed={s}"), "tags": {"seed": s}}) for s in seeds]
+    results = experiment.run_jobs(jobs, run_path / "starts", workers=workers)
+    dirs = {s: results[f"start/seed={s}"]["model_dir"] for s in seeds}
+    starts = {s: results[f"start/seed={s}"]["start"] for s in seeds}
+    table = pd.DataFrame([{"seed": s, "avg@n": st["avg_at_n"], "fork problems": st["avg_at_n_fork"],
+                           "the rest": st["avg_at_n_rest"], "p(right digit) at the forks": st["p_correct_fork"]}
+                          for s, st in starts.items()]).set_index("seed")
+    learned = bool((table["the rest"] >= START_REST_MIN).all()
+                   and (table["p(right digit) at the forks"] <= START_FORK_P_MAX).all())
+    return SeedStarts(dirs, starts, table, learned, time.perf_counter() - clock)

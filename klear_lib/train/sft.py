@@ -267,8 +267,8 @@ def arithmetic_warm_start(cfg, out_dir: str | Path, *, cache_root: str | Path | 
     evaluation protocol, with the fork / rest split.
 
     With ``cache_root``, the SFT model is trained once per ``warm_start_key(cfg)`` into ``cache_root/<key>`` and
-    reused by every later call (notebooks 03, 04, 06 and 07 share it), after ``klear_lib.cache.verify`` checked
-    it against its manifest (a damaged or mismatched entry is trained again, with one line saying why);
+    reused by every later call (03, 04 and 06 share one per seed, 07 seed 0's), after ``klear_lib.cache.verify``
+    checked it against its manifest (a damaged or mismatched entry is trained again, with one line saying why);
     ``out_dir/sft_start.json`` records the key and the evaluation. Without it, the model is trained into
     ``out_dir``.
 
