@@ -23,10 +23,9 @@
 # whatever the criterion. So ERC is compared with **DAPO plus a random token mask matched to where ERC stops**: in
 # each bucket of the rollout policy's entropy (low < 0.1 ≤ mid < 1 ≤ high nats) and on fork and other tokens
 # separately, the mask of seed s stops the share ERC stopped there at seed s (the control for "fewer gradients, in
-# the same places"), and
-# with **DAPO at half the learning rate** (the control for "smaller steps"). A claim that ERC stabilises survives
-# only if ERC beats those too. The gradient-norm fluctuation is taken over per-rollout means, so that ERC's own
-# sawtooth inside a rollout (more tokens stopped the further the policy has moved) does not count.
+# the same places"), and with **DAPO at half the learning rate** (the control for "smaller steps"). A claim that ERC
+# stabilises survives only if ERC beats those too. The gradient-norm fluctuation is taken over per-rollout means, so
+# that ERC's own sawtooth inside a rollout (more tokens stopped the further the policy has moved) does not count.
 #
 # **The start is part of the replicate.** Seed s's arms all start from seed s's own SFT start (notebook 03's starts,
 # reused from the cache when 03 ran into the same output root), so the interval covers how the effect moves between

@@ -20,7 +20,8 @@
 # seed. Secondary: α = 0.1 above α = 0.2 (with the primary: an interior best). At seed s every α shares seed s's
 # own SFT start (notebook 03's starts, from the cache when 03 ran into the same output root), the first rollout and
 # the rest of the recipe (GPPO, Klear's filter, 8 updates per rollout); only α changes. The start is part of the
-# replicate, so the interval covers how the effect moves between starts; a check asks that every start learned. Beside it, the entropy the term costs (a read-out, not a claim).
+# replicate, so the interval covers how the effect moves between starts; a check asks that every start learned.
+# Beside it, the entropy the term costs (a read-out, not a claim).
 #
 # **The noise floor.** The same arm (α = 0) also runs under a second, independent seed stream (seed s + 1000 for
 # seed s), and the two streams go through the same rule as a declared A/A check: it must come out inconclusive
