@@ -192,7 +192,6 @@ assert (on_policy["advantage"].abs() < 1e-12).all(), "on-policy, every loss must
 
 # %%
 ss = rl_jobs.seed_starts(base, seed_list, run_path, cache_root=notebook.cache_root(run_path), workers=workers)
-sft_dirs, starts = ss.dirs, ss.starts
 display(ss.table.round(3))
 print(ss.describe())
 
@@ -207,7 +206,7 @@ control_arms = ("ppo_clip", "gppo")
 control_jobs = [experiment.Job(f"control/{a}", "klear_lib.train.rl_jobs:rl_unit", {
     "config": {**vars(configs[a].replace(mini_batch_prompts=base.rollout_prompts, rollouts=control_rollouts,
                                          eval_every=control_rollouts, rl_lr=2 * rl_lr, seed=seed_list[0]))},
-    "start": sft_dirs[seed_list[0]], "tags": {"variant": a, "seed": seed_list[0], "arm": "control"}})
+    "start": ss.dirs[seed_list[0]], "tags": {"variant": a, "seed": seed_list[0], "arm": "control"}})
     for a in control_arms]
 experiment.run_jobs(control_jobs, run_path / "control", workers=workers)
 cdf = plots.metrics_frame(run_path / "control")
@@ -230,7 +229,7 @@ print(f"control: largest spread across losses: probe {control_probe_spread:.1e},
 
 # %%
 jobs = [experiment.Job(f"{a}/seed={s}", "klear_lib.train.rl_jobs:rl_unit", {
-    "config": {**vars(configs[a].replace(seed=s))}, "start": sft_dirs[s],
+    "config": {**vars(configs[a].replace(seed=s))}, "start": ss.dirs[s],
     "tags": {"variant": a, "seed": s}}) for s in seed_list for a in arm_list]
 clock = time.perf_counter()
 experiment.run_jobs(jobs, run_path, workers=workers)
@@ -293,7 +292,7 @@ for (arm, seed), g in pr.groupby(["variant", "seed"]):
 per_run = pd.DataFrame(per_run)
 ent = steps.groupby(["variant", "seed"])["entropy"].mean().rename("entropy").reset_index()
 per_run = per_run.merge(ent, on=["variant", "seed"])
-per_run["start_probe"] = per_run["seed"].map({s: st["p_correct_fork"] for s, st in starts.items()})
+per_run["start_probe"] = per_run["seed"].map({s: st["p_correct_fork"] for s, st in ss.starts.items()})
 display(plots.seed_table(per_run, ["probe_auc", "rest_probe_auc", "final_fork", "final_rest", "entropy",
                                    "start_probe"]))
 
@@ -334,9 +333,7 @@ PAPER_ROLE = {"ppo_clip": "DAPO clip-higher (ε 0.2/0.28): the baseline",
               "gppo": "GPPO (β 1): above DAPO through training",
               "ppo_clip_2x_lr": "(not in the paper) DAPO clip-higher at twice the learning rate: the step-size control"}
 summary = {
-    "sft_start": starts[seed_list[0]],
-    "sft_starts": {str(s): st for s, st in starts.items()},
-    "start_per_seed": True,  # the report: these intervals cover how the start varies
+    **ss.summary(),
     "mechanism": mech.reset_index().to_dict(orient="records"),
     "control": {"probe_spread": control_probe_spread, "eval_spread": control_eval_spread,
                 "ratio_max": control_ratio_max},

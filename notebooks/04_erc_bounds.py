@@ -84,14 +84,14 @@ bf16 = False
 import time
 
 import pandas as pd
+import torch
 from IPython.display import display
 
-from klear_lib import claims, experiment, glossary, mechanism, notebook, plots, runs
+from klear_lib import claims, experiment, glossary, mechanism, models, notebook, plots, runs
 from klear_lib.config import RLExperimentConfig
 from klear_lib.data import tasks
 from klear_lib.losses import ENTROPY_BUCKETS
 from klear_lib.train import rl_jobs
-from klear_lib.train.sft import arithmetic_warm_start
 
 notebook.quiet()
 notebook.require(globals(), counts=("probe_prompts", "workers"), fractions=("collapse_drop",))
@@ -128,7 +128,8 @@ print(f"{len(arm_list)} arms x {len(seed_list)} seeds, one SFT start per seed; {
 ss = rl_jobs.seed_starts(base, seed_list, run_path, cache_root=notebook.cache_root(run_path), workers=workers)
 display(ss.table.round(3))
 print(ss.describe())
-ws = arithmetic_warm_start(base.replace(seed=seed_list[0]), run_path / "sft", cache_root=notebook.cache_root(run_path))
+probe_model, probe_tok = models.load_model_and_tokenizer(ss.dirs[seed_list[0]], dtype=torch.float32)
+heldout = tasks.make_splits(base.data_seed, base.n_train, base.n_heldout, base.level_list)[1]
 
 # %% [markdown]
 # ## Noise-floor probe: what ERC would stop with no policy change
@@ -136,8 +137,8 @@ ws = arithmetic_warm_start(base.replace(seed=seed_list[0]), run_path / "sft", ca
 # differently chunked fp32 pass, and a bf16 pass. Stopped fraction per old-entropy bucket (nats).
 
 # %%
-probe_batch = [tasks.prompt_messages(p) for p in ws.heldout[:probe_prompts]]
-floor = mechanism.erc_noise_floor(ws.model, ws.tokenizer, probe_batch, n=4, temperature=base.temperature,
+probe_batch = [tasks.prompt_messages(p) for p in heldout[:probe_prompts]]
+floor = mechanism.erc_noise_floor(probe_model, probe_tok, probe_batch, n=4, temperature=base.temperature,
                                   max_new_tokens=base.max_completion_length)
 floor_table = floor.pivot_table(index=["old entropies from", "bucket"], columns="bounds", values="stopped_frac",
                                 sort=False)
@@ -290,9 +291,7 @@ summary_table = per_run.groupby("variant", sort=False).agg(
     grad_norm_cv=("grad_norm_cv", "mean"), fork_probe_auc=("fork_probe_auc", "mean"),
     stopped_pct=("stopped_frac", lambda x: 100 * x.mean()), seeds=("seed", "nunique")).reindex(arm_list)
 summary = {
-    "sft_start": ss.starts[seed_list[0]],
-    "sft_starts": {str(s): st for s, st in ss.starts.items()},
-    "start_per_seed": True,  # the report: these intervals cover how the start varies
+    **ss.summary(),
     "noise_floor": floor.to_dict(orient="records"),
     "stopped_by_class": where.reset_index().to_dict(orient="records"),
     "per_run": per_run.to_dict(orient="records"),

@@ -188,9 +188,7 @@ display(pd.DataFrame(entropy_cost).T.round(5))
 # %%
 PAPER_ALPHA = {0.0: (78.13, 68.02), 0.05: (77.81, 69.48), 0.1: (79.37, 70.42), 0.2: (78.44, 69.58)}  # Table 6
 summary = {
-    "sft_start": ss.starts[seed_list[0]],
-    "sft_starts": {str(s): st for s, st in ss.starts.items()},
-    "start_per_seed": True,  # the report: these intervals cover how the start varies
+    **ss.summary(),
     "per_run": per_run.to_dict(orient="records"),
     "entropy_cost": entropy_cost,
     "figures": ["figures/sft_loss_alpha.png"],

@@ -95,6 +95,8 @@ def test_seed_starts_train_a_start_per_seed_side_by_side_and_are_the_notebooks_o
     declared = {"starts_learned": {"role": "check", "claim": "c", "source": "s", "metric": "m", "scope": "x"}}
     check = ss.check(declared)
     assert check["verdict"] == "fail" and check["effect"] == min(st["avg_at_n_rest"] for st in ss.starts.values())
+    assert ss.summary() == {"sft_start": ss.starts[0], "sft_starts": {"0": ss.starts[0], "1": ss.starts[1]},
+                            "start_per_seed": True}
     # Another notebook into the same root: the starts come from the cache, the same models and evaluations.
     again = rl_jobs.seed_starts(base, [1, 0], tmp_path / "nb_b", cache_root=cache_root, workers=1)
     assert again.dirs == ss.dirs and again.starts == ss.starts

@@ -79,6 +79,12 @@ class SeedStarts:
         return claims.declared_check(declared, "starts_learned", self.learned, float(self.table["the rest"].min()),
                                      criterion=STARTS_CRITERION, seeds=len(self.dirs))
 
+    def summary(self) -> dict:
+        """The notebook summary's record of its starts: the first seed's, every seed's, and ``start_per_seed``
+        (the report then says these intervals cover how the start varies)."""
+        return {"sft_start": next(iter(self.starts.values())),
+                "sft_starts": {str(s): st for s, st in self.starts.items()}, "start_per_seed": True}
+
     def describe(self) -> str:
         t = self.table
         return (f"{len(self.dirs)} SFT starts in {self.seconds:.0f}s; the rest: {t['the rest'].min():.3f}-"
