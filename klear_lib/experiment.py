@@ -4,25 +4,26 @@ when it finishes, so that an interrupted run resumes without redoing them.
     jobs = [Job("gppo/seed=0", "klear_lib.train.rl_jobs:rl_unit", {"config": {...}, "start": ..., "tags": {...}})]
     results = run_jobs(jobs, run_dir, workers=2)
 
-Each job calls ``fn(**kwargs, metrics_path=...)`` in a worker process (``spawn``; the function must be importable,
-not defined in a notebook) and writes its metric records to ``run_dir/units/<job>.jsonl``; when it returns, the
+Each job calls ``fn(**kwargs, metrics_path=...)`` in a worker process (forked from a forkserver that imported torch
+and transformers once, ``_worker_context``; ``spawn`` where there is none; the function must be importable, not
+defined in a notebook) and writes its metric records to ``run_dir/units/<job>.jsonl``; when it returns, the
 parent writes its result (a JSON-able dict) to ``run_dir/units/<job>.json``: that file is the job's "done" mark.
 On a second call with the same run directory, done jobs are skipped and their results read back; an unfinished
 job's partial records are discarded and it runs again. After every finished job, ``metrics.jsonl`` is rewritten
 from the done jobs' records in job order (atomically), so it never holds a record twice and always holds every
 finished job.
 
-No orphans, no late marks. The chain is ``klear run`` -> papermill's kernel -> the workers -> whatever a unit
-starts. Each worker leads its own process group and ends it, with every process it started (those in their own
-session too, found through /proc), as soon as its parent or the run's owner is gone: the kernel's death reaches it
-as a parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGUSR1)``; it fires when the parent *thread* ends, so the
-handler checks that the parent process is gone), and a watchdog thread polls its parent and the owner
-(``KLEAR_RUN_OWNER``, set by ``klear run`` to its own pid and start time: the kernel outlives a killed
-``klear run`` by up to a second) every ``WATCH_S``; SIGTERM (the parent's ``terminate()``) ends it the same way.
-multiprocessing's resource tracker then exits too (it ends when the last process holding its pipe does). The done
-mark is written by the parent, and only while the owner lives. A run directory is driven by one ``run_jobs`` at a
-time (``units/.lock``), and a resume waits until no worker of an earlier attempt holds ``units/.workers.lock``, so
-two attempts never write the same unit.
+No orphans, no late marks. The chain is ``klear run`` -> papermill's kernel (the driver, in ``run_jobs``) -> its
+forkserver -> the workers -> whatever a unit starts. Each worker leads its own process group and ends it, with every
+process it started (those in their own session too, found through /proc), as soon as its parent, the driver or the
+run's owner is gone: its parent's death reaches it as a parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGUSR1)``;
+it fires when the parent *thread* ends, so the handler checks the lineage), and a watchdog thread polls its parent,
+the driver and the owner by identity (pid and start time; ``KLEAR_RUN_OWNER``, set by ``klear run``: the kernel
+outlives a killed ``klear run`` by up to a second) every ``WATCH_S``; SIGTERM (the parent's ``terminate()``) ends
+it the same way. The forkserver and multiprocessing's resource tracker then exit too (each ends when the last
+process holding its pipe does). The done mark is written by the parent, and only while the owner lives. A run
+directory is driven by one ``run_jobs`` at a time (``units/.lock``), and a resume waits until no worker of an
+earlier attempt holds ``units/.workers.lock``, so two attempts never write the same unit.
 
 Why processes: the tiny model is too small for two threads to speed one run up much, but two runs at a time,
 one thread each, nearly double the throughput on two cores. Every job runs in a worker with ``threads`` torch
@@ -227,13 +228,18 @@ def _parent_death_signal(sig: int) -> None:
         pass
 
 
-def _init_worker(threads: int, parent: int = 0, owner: str | None = None, lock: str | None = None,
-                 env: dict | None = None) -> None:
+def _init_worker(threads: int, driver: str = "", owner: str | None = None, lock: str | None = None,
+                 env: dict | None = None, cwd: str | None = None) -> None:
     # First, before anything imports trackio (TRL imports it with itself): trackio reads TRACKIO_DIR once, at
-    # import, so every unit of this run logs to the run's one trackio folder (UnitTracking).
-    os.environ.update(env or {})
-    global _PARENT, _OWNER
-    _PARENT, _OWNER = parent, owner
+    # import, so every unit of this run logs to the run's one trackio folder (UnitTracking). A worker forked by the
+    # forkserver holds the environment the forkserver started with: ``env`` is the driver's whole environment now.
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+    if cwd is not None:
+        os.chdir(cwd)
+    global _PARENT, _DRIVER, _OWNER
+    _PARENT, _DRIVER, _OWNER = os.getppid(), driver, owner
     try:
         os.setpgid(0, 0)  # a group of its own: ending it ends what the unit started, and nothing else
     except OSError:
@@ -246,10 +252,10 @@ def _init_worker(threads: int, parent: int = 0, owner: str | None = None, lock: 
         _HELD.append(holder)
     if sys.platform != "win32":
         signal.signal(signal.SIGTERM, _end_worker)  # the parent's terminate(): the unit's own processes go too
-    if parent and hasattr(signal, "SIGUSR1"):
+    if driver and hasattr(signal, "SIGUSR1"):
         signal.signal(signal.SIGUSR1, _on_parent_signal)
         _parent_death_signal(signal.SIGUSR1)
-        if not _lineage_alive():  # the parent died before the signal was armed
+        if not _lineage_alive():  # the parent or the driver died before the signal was armed
             _end_worker()
         threading.Thread(target=_watch, name="klear-unit-watchdog", daemon=True).start()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -261,16 +267,20 @@ def _init_worker(threads: int, parent: int = 0, owner: str | None = None, lock: 
     quiet()
 
 
-_PARENT, _OWNER = 0, None
+_PARENT, _DRIVER, _OWNER = 0, "", None
 _HELD: list = []
 
 
 def _lineage_alive() -> bool:
-    return os.getppid() == _PARENT and (_OWNER is None or identity_alive(_OWNER))
+    """The worker's parent (the forkserver, or the driver where workers are spawned) is the one it started under,
+    and the driver (the process in ``run_jobs``: a kernel) and the run's owner live. The forkserver outlives a
+    dead driver until its last worker is gone (each holds its pipe), so the driver is watched by identity."""
+    return (os.getppid() == _PARENT and (not _DRIVER or identity_alive(_DRIVER))
+            and (_OWNER is None or identity_alive(_OWNER)))
 
 
 def _on_parent_signal(*_args) -> None:
-    if os.getppid() != _PARENT:  # the parent process is gone, not just the thread that started this one
+    if not _lineage_alive():  # the parent process is gone, not just the thread that started this one
         _end_worker()
 
 
@@ -278,6 +288,22 @@ def _watch() -> None:
     while _lineage_alive():
         time.sleep(WATCH_S)
     _end_worker()
+
+
+# The heavy imports every unit shares, done once in the forkserver that starts the workers (``_worker_context``).
+PRELOAD = "klear_lib.worker_preload"
+
+
+def _worker_context():
+    """How workers start: forked from a forkserver that imported ``PRELOAD`` once (≈8 CPU-seconds a process that a
+    spawned worker pays again, every ``run_jobs``), where the platform has one; ``spawn`` elsewhere. Either way a
+    worker is a fresh process with the driver's ``sys.path``, working directory and environment (``_init_worker``);
+    the forkserver is the driver's child and ends with it."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([PRELOAD])  # no effect once this process's forkserver runs: it keeps its own
+    return ctx
 
 
 def _call(fn: str, kwargs: dict, metrics_path: str, key: str | None = None) -> dict:
@@ -402,10 +428,11 @@ def _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, ow
         return {k: results[k] for k in keys}
     clock = time.perf_counter()
     failure = None
-    ctx = multiprocessing.get_context("spawn")
-    worker_env = {"TRACKIO_DIR": str(_run_root(run_dir) / TRACKING_DIR / "trackio")}
-    pool = cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
-                                  initargs=(threads, os.getpid(), owner, str(units / WORKERS_LOCK), worker_env))
+    worker_env = {**os.environ, "TRACKIO_DIR": str(_run_root(run_dir) / TRACKING_DIR / "trackio")}
+    pool = cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=_worker_context(),
+                                  initializer=_init_worker, initargs=(threads, process_identity(), owner,
+                                                                      str(units / WORKERS_LOCK), worker_env,
+                                                                      os.getcwd()))
     try:
         futures = {}
         for job in todo:

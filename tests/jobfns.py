@@ -62,3 +62,26 @@ def fake_rollouts(*, rollouts: int, delay: float, metrics_path: str, config: dic
                      "klear/p_correct_fork": 0.5, "eval/avg_at_n": 0.1 * r})
             time.sleep(delay)
     return {"rollouts": rollouts}
+
+
+def worker_facts(*, metrics_path: str, threads_op: bool = False) -> dict:
+    """What a unit sees as it starts in its worker: which of the forkserver's preloaded modules are in place, its
+    parent, the environment variable KLEAR_TEST_WORKER_VAR and the working directory; with ``threads_op``, the
+    checksum of a matrix product on the worker's torch threads (it must not hang in a forked worker: a watchdog
+    ends the process after 60 s)."""
+    import faulthandler
+    import sys
+
+    runs.MetricsWriter(metrics_path).close()
+    out = {"peft_imported": "peft" in sys.modules, "ppid": os.getppid(), "pid": os.getpid(),
+           "var": os.environ.get("KLEAR_TEST_WORKER_VAR"), "cwd": os.getcwd()}
+    if threads_op:
+        import torch
+
+        faulthandler.dump_traceback_later(60, exit=True)
+        g = torch.Generator().manual_seed(0)
+        a = torch.rand(384, 384, generator=g, dtype=torch.float64)
+        out["checksum"] = float((a @ a).sum())
+        out["threads"] = torch.get_num_threads()
+        faulthandler.cancel_dump_traceback_later()
+    return out

@@ -54,3 +54,44 @@ def test_keys_must_be_unique_and_well_formed(tmp_path):
         experiment.run_jobs(jobs, tmp_path / "run")
     with pytest.raises(ValueError, match="module:function"):
         experiment.Job("x", "no_colon")
+
+
+def _facts(tmp_path, name, threads=1, **kwargs):
+    """``jobfns.worker_facts`` of one unit run in its own run directory, ``threads`` torch threads."""
+    job = experiment.Job(f"facts/{name}", "jobfns:worker_facts", kwargs)
+    return experiment.run_jobs([job], tmp_path / name, workers=1, threads=threads, progress=lambda *_: None)[job.key]
+
+
+def test_workers_fork_from_a_forkserver_with_the_heavy_imports_in_place(tmp_path):
+    import os
+
+    facts = _facts(tmp_path, "a")
+    # peft is imported by nothing but the preload (klear_lib.worker_preload): it is there before the unit imports
+    assert facts["peft_imported"], facts
+    # the worker's parent is this process's forkserver, not this process; a second run_jobs forks from the same one
+    assert facts["ppid"] != os.getpid()
+    again = _facts(tmp_path, "b")
+    assert again["ppid"] == facts["ppid"] and again["pid"] != facts["pid"]
+
+
+def test_a_forked_worker_sees_the_drivers_environment_and_directory_now(tmp_path, monkeypatch):
+    """The forkserver keeps the environment it started with; each worker gets the driver's as it is at run_jobs
+    (set, changed, removed) and its working directory, as a spawned worker would."""
+    _facts(tmp_path, "start")  # the forkserver runs from here on
+    monkeypatch.setenv("KLEAR_TEST_WORKER_VAR", "set after the forkserver started")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    facts = _facts(tmp_path, "set")
+    assert (facts["var"], facts["cwd"]) == ("set after the forkserver started", str(tmp_path / "elsewhere"))
+    monkeypatch.delenv("KLEAR_TEST_WORKER_VAR")
+    assert _facts(tmp_path, "unset")["var"] is None
+
+
+def test_a_forked_worker_computes_on_several_threads_as_this_process_does(tmp_path):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(384, 384, generator=g, dtype=torch.float64)
+    facts = _facts(tmp_path, "threads", threads_op=True, threads=2)
+    assert facts["threads"] == 2
+    assert facts["checksum"] == pytest.approx(float((a @ a).sum()), rel=1e-12)
