@@ -69,13 +69,9 @@ reproduce: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	rm -rf .nbval && mkdir -p .nbval
-	@# Run folders are named as klear names them (a timestamp): the report counts only those as runs.
-	stamp=$$(date +%Y%m%d-%H%M%S); for nb in notebooks/[0-9]*.ipynb; do \
-	  name=$$(basename $$nb .ipynb); \
-	  if [ -f params/$$name/smoke.yaml ]; then \
-	    $(VENV)/bin/klear prepare $$name --preset smoke --out .nbval/$$name.ipynb --run-dir .nbval/runs/$$name/$$stamp || exit 1; \
-	  fi; \
-	done
+	@# Every notebook with a smoke preset, parameters injected, into .nbval/ (run folders .nbval/runs/<nb>/<stamp>,
+	@# named as klear names them: the report counts only those as runs).
+	$(VENV)/bin/klear prepare --all --preset smoke --out .nbval
 	@# Two passes. 1: the unit tests in two worker processes (pytest-xdist), the tests of one file in one worker
 	@# (its module fixtures are built once). 2: the smoke notebooks under nbval, the report (00_*) last since it
 	@# gathers the other notebooks' runs (pytest collects in argument order), and beside them, in a process of its

@@ -5,6 +5,7 @@
     klear run 03_rl_clip_variants --preset tiny -p seeds=0,1 -p lrs=1.0e-4
     klear run --resume outputs/03_rl_clip_variants/<stamp>        # continue an interrupted run (units not redone)
     klear prepare 03 --preset smoke --out build/nb/03.ipynb      # inject parameters, don't execute (nbval)
+    klear prepare --all --preset smoke --out build/nb             # ... every notebook with the preset (make test)
     klear reproduce --preset tiny                                 # every notebook that has params/<nb>/tiny.yaml,
                                                                   # then the report
     klear report                                                  # outputs/report.html from every run under outputs/
@@ -809,10 +810,31 @@ def _report_contract(run_dir: pathlib.Path) -> list[str]:
 
 
 def _cmd_prepare(args: argparse.Namespace, layout: Layout) -> int:
+    if args.all:
+        return _prepare_all(args, layout)
     if not args.notebook:
-        raise KlearError("prepare needs a notebook name (klear list shows them)")
+        raise KlearError("prepare needs a notebook name (klear list shows them), or --all")
     out = prepare_notebook(args.notebook, args.preset, args.out, args.param, layout=layout, run_dir=args.run_dir)
     print(out)
+    return 0
+
+
+def _prepare_all(args: argparse.Namespace, layout: Layout) -> int:
+    """``prepare --all``: every notebook that has the preset (the report's included) into ``<out>/<notebook>.ipynb``,
+    run directory ``<out>/runs/<notebook>/<stamp>`` (one stamp, named as klear names run folders), in one process
+    (papermill's import alone is ≈3 s a process; make test prepares eight notebooks)."""
+    if args.notebook or args.param or args.run_dir:
+        raise KlearError("prepare --all takes no notebook, -p or --run-dir: it writes <--out>/<notebook>.ipynb for "
+                         "every notebook with the preset, run directory <--out>/runs/<notebook>/<stamp>")
+    require_notebooks(layout)
+    out, stamp = pathlib.Path(args.out), time.strftime("%Y%m%d-%H%M%S")
+    names = [nb.stem for nb in list_notebooks(layout.notebooks_dir)
+             if (layout.params_dir / nb.stem / f"{args.preset}.yaml").is_file()]
+    if not names:
+        raise KlearError(f"no notebook in {layout.notebooks_dir} has a {args.preset!r} preset in {layout.params_dir}")
+    for name in names:
+        print(prepare_notebook(name, args.preset, out / f"{name}.ipynb", layout=layout,
+                               run_dir=out / "runs" / name / stamp))
     return 0
 
 
@@ -964,8 +986,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", parents=[dirs], help="list the notebooks and their presets")
     p.set_defaults(func=_cmd_list)
     p = sub.add_parser("prepare", parents=[params, dirs], help="inject parameters without executing (for nbval)")
-    p.add_argument("--out", required=True, help="where to write the parameterized notebook")
+    p.add_argument("--out", required=True, help="where to write the parameterized notebook (with --all: a folder)")
     p.add_argument("--run-dir", help="the run_dir parameter (default: <dir of --out>/<notebook>)")
+    p.add_argument("--all", action="store_true", help="every notebook that has the preset, into the folder --out "
+                                                      "(run directories <out>/runs/<notebook>/<stamp>)")
     p.set_defaults(func=_cmd_prepare)
     p = sub.add_parser("reproduce", parents=[dirs], help="run every notebook that has the preset, in name order")
     p.add_argument("--preset", default="tiny", help="default: tiny")

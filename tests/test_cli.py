@@ -6,6 +6,7 @@ The fixture notebooks in tests/fixtures/nb: 99_dummy writes a full run directory
 
 import json
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -134,6 +135,25 @@ def test_prepare_injects_parameters_without_executing(tmp_path, capsys):
     custom = tmp_path / "elsewhere"
     cli.main(["prepare", "99_dummy", "--preset", "tiny", "--out", str(out), "--run-dir", str(custom), *DIRS])
     assert f'run_dir = "{custom}"' in nbformat.read(out, as_version=4).cells[2].source
+
+
+def test_prepare_all_writes_every_notebook_with_the_preset_and_one_stamp_of_run_folders(tmp_path, capsys):
+    out = tmp_path / "nbval"
+    assert cli.main(["prepare", "--all", "--preset", "tiny", "--out", str(out), *DIRS]) == 0
+    assert capsys.readouterr().out.split() == [str(out / "96_checked.ipynb"), str(out / "99_dummy.ipynb")]
+    [stamp] = {p.name for p in (out / "runs").glob("*/*")}
+    assert re.fullmatch(r"\d{8}-\d{6}", stamp)
+    for name in ("96_checked", "99_dummy"):  # the tiny preset's values, each in its own run folder
+        nb = nbformat.read(out / f"{name}.ipynb", as_version=4)
+        [injected] = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+        namespace = {}
+        exec(injected.source, namespace)
+        assert namespace["run_dir"] == str(out / "runs" / name / stamp)
+        assert (out / "runs" / name / stamp).is_dir()
+    assert cli.main(["prepare", "99", "--all", "--preset", "tiny", "--out", str(out), *DIRS]) == 2
+    assert "takes no notebook, -p or --run-dir" in capsys.readouterr().err
+    assert cli.main(["prepare", "--all", "--preset", "nope", "--out", str(out), *DIRS]) == 2
+    assert "has a 'nope' preset" in capsys.readouterr().err
 
 
 def test_run_executes_the_notebook_into_a_run_dir(tmp_path, capsys):

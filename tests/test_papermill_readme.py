@@ -38,7 +38,7 @@ def test_the_readme_papermill_command_runs_at_smoke(tmp_path):
     executed = nbformat.read(tmp_path / "out.ipynb", as_version=4)
     errors = [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert errors == []
-    [run_dir] = sorted((out_root / "03_rl_clip_variants").iterdir())
+    [run_dir] = sorted((out_root / "07_evaluation").iterdir())
     assert runs.check_run_dir(run_dir) == []
     record = json.loads((run_dir / runs.PRESET_FILE).read_text())
     assert (record["preset"], record["launcher"]) == ("smoke", "kernel"), record
