@@ -212,49 +212,6 @@ def test_gradient_checkpointing_defaults_off_on_a_cpu_and_changes_no_weight(tmp_
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
-def test_length_buckets_give_every_sample_once_in_batches_of_similar_lengths_in_random_order():
-    rng = random.Random(0)
-    lengths = [rng.randint(39, 83) for _ in range(1000)]  # the tiny task's spread of sample lengths
-    sampler = sft.LengthBucketSampler(lengths, batch_size=32, buckets=16, seed=7)
-    epochs = []
-    for epoch in (0, 1, 0):
-        sampler.set_epoch(epoch)
-        order = list(sampler)
-        assert sorted(order) == list(range(1000)) and len(sampler) == 1000
-        epochs.append(order)
-    assert epochs[0] == epochs[2] and epochs[0] != epochs[1]  # an epoch's order is its own (a resume repeats it)
-    chunks = [epochs[0][i:i + 32] for i in range(0, 1000, 32)]  # what the data loader makes of it
-    assert chunks == sampler.batches() and len(chunks[-1]) == 1000 % 32  # the short batch comes last
-    padded = sum(32 * max(lengths[i] for i in c) for c in chunks[:-1])
-    assert sum(lengths[i] for c in chunks[:-1] for i in c) / padded > 0.9
-    shuffled = [rng.sample(range(1000), 1000)[i:i + 32] for i in range(0, 1000 - 1000 % 32, 32)]
-    assert sum(32 * max(lengths[i] for i in c) for c in shuffled) / padded > 1.2  # 30% of a shuffled step is padding
-    # within a block the batches are not longest first (transformers' group_by_length): their order is random
-    means = [sum(lengths[i] for i in c) / len(c) for c in chunks[:16]]
-    assert means != sorted(means) and means != sorted(means, reverse=True)
-    with pytest.raises(ValueError, match="length_buckets"):
-        sft.SFTStageConfig(length_buckets=-1)
-
-
-def test_sft_trains_on_length_buckets_where_asked_and_on_shuffled_batches_at_0(tmp_path, monkeypatch):
-    train, _ = tasks.make_splits(0, 100, 4)
-    tok = models.build_tokenizer(tasks.corpus(train), vocab_size=300)
-    rows = sft.chat_rows(teachers.source_samples(teachers.SOURCES["clean"], train, 64, seed=0))
-    samplers = []
-    real = sft._SFTTrainer._get_train_sampler
-
-    def spy(self, train_dataset=None):
-        samplers.append(real(self, train_dataset))
-        return samplers[-1]
-
-    monkeypatch.setattr(sft._SFTTrainer, "_get_train_sampler", spy)
-    for buckets in (4, 0):
-        stage = sft.SFTStageConfig(epochs=1, batch_size=8, resume=False, length_buckets=buckets)
-        sft.run_sft(models.build_tiny_model(tok, seed=0), tok, rows, tmp_path / f"b{buckets}", stage)
-    assert isinstance(samplers[0], sft.LengthBucketSampler) and samplers[0].buckets == 4
-    assert not isinstance(samplers[1], sft.LengthBucketSampler)
-
-
 @pytest.mark.gpu
 def test_load_for_sft_uses_unsloth_on_a_gpu(tmp_path):
     pytest.importorskip("unsloth")

@@ -67,11 +67,6 @@ class SFTStageConfig:
     resolution round away: most of them at lr 1e-6)."""
     use_unsloth: bool = False
     """Load the start model with unsloth (opt-in; one CUDA GPU and unsloth's own environment, docs/scale.md)."""
-    length_buckets: int = 16
-    """Batches of similar lengths, in random order (``LengthBucketSampler``): the samples are shuffled, cut into
-    blocks of ``length_buckets`` batches, sorted by length inside each block and cut into batches, whose order is
-    then shuffled. Padding then costs a few percent of the tokens, where shuffled batches of the tiny task's samples
-    (39-83 tokens) spend 30% of each step on it. 0: TRL's shuffled batches."""
     gradient_checkpointing: bool | None = None
     """Recompute activations in the backward pass (TRL's default: on). ``None``: on where the model trains on a GPU,
     off with ``use_cpu``, where memory is not what limits a run and the recomputation costs a quarter of the step
@@ -79,9 +74,6 @@ class SFTStageConfig:
 
     def __post_init__(self) -> None:
         models.weights_dtype(self.weights_dtype, where="SFTStageConfig.weights_dtype")
-        if not isinstance(self.length_buckets, int) or isinstance(self.length_buckets, bool) or self.length_buckets < 0:
-            raise ValueError(f"SFTStageConfig.length_buckets must be an integer >= 0 (0: shuffled batches), got "
-                             f"{self.length_buckets!r}")
         if not isinstance(self.use_unsloth, bool):
             raise TypeError(f"SFTStageConfig.use_unsloth must be true or false, got {self.use_unsloth!r}")
 
@@ -157,59 +149,6 @@ def sft_samples(problems: list[Problem], *, error_rate: float = 0.0, seed: int =
     ]
 
 
-class LengthBucketSampler(torch.utils.data.Sampler):
-    """Indices in batches of similar lengths, the batches in random order (``SFTStageConfig.length_buckets``).
-
-    Epoch e draws from ``torch.Generator`` seeded with ``seed + e`` (the trainer calls ``set_epoch``): the same
-    order on a resume. transformers' ``group_by_length`` sorts each block longest first, a within-block curriculum
-    from long to short; here the batches of a block are shuffled after the sort. Every index comes once an epoch,
-    and the data loader's consecutive ``batch_size`` indices are these batches (a short one comes last).
-    """
-
-    def __init__(self, lengths, batch_size: int, buckets: int, seed: int):
-        if batch_size < 1 or buckets < 1:
-            raise ValueError(f"LengthBucketSampler: batch_size and buckets must be >= 1, got {batch_size}, {buckets}")
-        self.lengths, self.batch_size, self.buckets, self.seed, self.epoch = list(lengths), batch_size, buckets, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def batches(self) -> list[list[int]]:
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(len(self.lengths), generator=g).tolist()
-        block, out = self.batch_size * self.buckets, []
-        for start in range(0, len(order), block):
-            chunk = sorted(order[start:start + block], key=self.lengths.__getitem__)  # stable: ties keep the shuffle
-            batches = [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
-            full = [b for b in batches if len(b) == self.batch_size]  # a short batch (the epoch's last) stays last,
-            out += [full[i] for i in torch.randperm(len(full), generator=g).tolist()] + batches[len(full):]
-        return out
-
-    def __iter__(self):
-        return (i for batch in self.batches() for i in batch)
-
-
-class _SFTTrainer(SFTTrainer):
-    """TRL's ``SFTTrainer`` with ``LengthBucketSampler`` where ``length_buckets`` is set (one process: under several,
-    TRL's distributed sampler is kept)."""
-
-    def __init__(self, *args, length_buckets: int = 0, **kwargs):
-        self._length_buckets = length_buckets
-        super().__init__(*args, **kwargs)
-
-    def _get_train_sampler(self, train_dataset=None):
-        dataset = self.train_dataset if train_dataset is None else train_dataset
-        if not self._length_buckets or self.args.world_size > 1 or "input_ids" not in dataset.column_names:
-            return super()._get_train_sampler(train_dataset)
-        lengths = [len(ids) for ids in dataset["input_ids"]]
-        return LengthBucketSampler(lengths, self.args.train_batch_size * self.args.gradient_accumulation_steps,
-                                   self._length_buckets, self.args.data_seed if self.args.data_seed is not None
-                                   else self.args.seed)
-
-
 def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: SFTStageConfig | None = None, *,
             tracking_dir: str | Path | None = None):
     """Fine-tune ``model`` on ``samples``; returns the trained model (also saved under ``output_dir/final``).
@@ -244,8 +183,9 @@ def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: 
     )
 
     with tracking_env(tracked):
-        trainer = _SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(samples),
-                              processing_class=tokenizer, length_buckets=cfg.length_buckets)
+        trainer = SFTTrainer(
+            model=model, args=args, train_dataset=Dataset.from_list(samples), processing_class=tokenizer
+        )
         trainer.remove_callback(PrinterCallback)  # TRL prints a dict per log step when tqdm is off
         add_hparams(trainer, cfg, args.report_to)  # TensorBoard: the resolved config as hparams
         last = get_last_checkpoint(str(output_dir)) if cfg.resume and output_dir.exists() else None
