@@ -46,7 +46,7 @@
 # Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
 arms = "dapo,dapo_erc_0.8_1.2,dapo_random_mask,dapo_half_lr"
-seeds = "0,1,2,3,4,5,6,7"
+seeds = "0,1,2,3,4,5"
 model = "tiny"
 n_train = 6000
 n_heldout = 128
