@@ -27,7 +27,10 @@ SITE=${KLEAR_SITE:-/tmp/klear-wheels/site-packages}
 OUT=${OUT:-outputs/gpu_check}
 export OUT
 
-if ! "$PY" -c 'import trl, datasets' 2>/dev/null; then
+# Which packages are there, asked without importing them (each import of torch and TRL costs seconds; the check
+# imports them once, below)
+has() { "$PY" -c 'import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))' "$@"; }
+if ! has trl datasets; then
   if compgen -G ".whl/*.whl" >/dev/null; then
     echo "gpu_check: installing $(ls .whl/*.whl | wc -l) wheels from .whl/ into $SITE"
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
@@ -36,7 +39,7 @@ if ! "$PY" -c 'import trl, datasets' 2>/dev/null; then
   fi
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-if ! "$PY" -c 'import torch, transformers, trl, datasets, accelerate' 2>/dev/null; then
+if ! has torch transformers trl datasets accelerate; then
   "$PY" - <<'PYCHECK' >&2
 import importlib.util
 missing = [m for m in ("torch", "transformers", "trl", "datasets", "accelerate") if importlib.util.find_spec(m) is None]

@@ -6,7 +6,8 @@ processes that generate on different prompts: after several optimizer steps ever
 ranks (checksums), and a single process that trains on the union of the two ranks' mini-batches, step by step, has
 the same losses (the mean of the ranks' losses: token-means over the global mini-batch) and the same parameters.
 The same for a PEFT LoRA model. The ranks run this file as a script (``python -m torch.distributed.run ...
-tests/test_ddp.py OUT``); the test runs the single-process replay and compares.
+tests/test_ddp.py KINDS OUT``), every kind in the same two processes, one after the other (one torchrun for the
+module: each process start imports TRL again); the tests run the single-process replays and compare.
 """
 
 from __future__ import annotations
@@ -110,8 +111,14 @@ def spy(trainer) -> tuple[list, list]:
     return rollouts, losses
 
 
-def worker(kind: str, out: Path) -> None:
-    """One rank: train, save what it trained on, its losses and its parameters."""
+def worker(kinds: str, out: Path) -> None:
+    """One rank: each of ``kinds`` (comma-separated) in turn, each into ``out/<kind>``."""
+    for kind in kinds.split(","):
+        run_kind(kind, out)
+
+
+def run_kind(kind: str, out: Path) -> None:
+    """One rank of ``kind``: train, save what it trained on, its losses and its parameters."""
     rank = int(os.environ["RANK"])
     if kind == "fsdp2":
         return fsdp2_worker(out / kind, rank)
@@ -128,23 +135,29 @@ def worker(kind: str, out: Path) -> None:
                out / kind / f"rank{rank}.pt")
 
 
-def ddp_run(kind: str, out: Path) -> Path:
-    """Both ranks of ``kind``'s training under torchrun; returns the folder of their records."""
+def ddp_run(kinds: str, out: Path) -> Path:
+    """Both ranks of each of ``kinds`` (comma-separated) under one torchrun; returns the folder of their records."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           __file__, kind, str(out)], capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+                           __file__, kinds, str(out)], capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    print(f"torchrun, 2 processes, {kind}: {time.perf_counter() - t0:.0f}s wall")
+    print(f"torchrun, 2 processes, {kinds}: {time.perf_counter() - t0:.0f}s wall")
     return out
 
 
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory):
+    """Every kind's two ranks, FSDP2's last (it ends the process group)."""
+    return ddp_run(",".join((*KINDS, "fsdp2")), tmp_path_factory.mktemp("ddp"))
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_ddp_ranks_identical(kind, tmp_path):
+def test_ddp_ranks_identical(kind, ddp_runs, tmp_path):
     from klear_lib.train.rl import _concat_rows
 
-    runs = ddp_run(kind, tmp_path / "ddp")
+    runs = ddp_runs
     r0, r1 = (torch.load(runs / kind / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     assert r0["wrapped"] == "DistributedDataParallel"
     assert r0["steps"] == r1["steps"] >= 3, (r0["steps"], r1["steps"])  # several optimizer steps
@@ -206,7 +219,8 @@ def fsdp2_worker(out: Path, rank: int) -> None:
 
     from klear_lib.train.rl import klear_token_stats
 
-    torch.distributed.init_process_group("gloo")
+    if not torch.distributed.is_initialized():  # the DDP kinds before it initialized it through accelerate
+        torch.distributed.init_process_group("gloo")
     model, _, _ = tiny_model_and_tokenizer()
     for layer in model.model.layers:
         fully_shard(layer)
@@ -223,13 +237,13 @@ def fsdp2_worker(out: Path, rank: int) -> None:
     torch.distributed.destroy_process_group()
 
 
-def test_fsdp2_klear_backend_equals_one_process(tmp_path):
+def test_fsdp2_klear_backend_equals_one_process(ddp_runs):
     """Under FSDP2 the klear backend sees the gathered weights and its gradients reach the sharded parameters: each
     rank's log-probs and entropies, and the gradient FSDP averages over the ranks, equal one unsharded process on
     the whole batch (the old backend failed here: the backbone ran on sharded weights)."""
     from klear_lib.train.rl import klear_token_stats
 
-    runs = ddp_run("fsdp2", tmp_path)
+    runs = ddp_runs
     model, _, _ = tiny_model_and_tokenizer()
     ids, mask = fsdp_batch()
     logps, ent, _ = klear_token_stats(model, ids, mask, FSDP_KEEP, temperature=0.9)

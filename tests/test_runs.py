@@ -193,3 +193,22 @@ def test_set_seed_makes_random_streams_repeat():
     c = draw()
     assert torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
     assert not torch.equal(a[0], c[0]) and not np.array_equal(a[1], c[1]) and a[2] != c[2]
+
+
+def test_set_seed_leaves_the_states_transformers_set_seed_leaves_without_importing_it():
+    import subprocess
+    import sys
+
+    import transformers
+
+    def states():
+        return torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()
+
+    transformers.set_seed(77)
+    theirs = states()
+    runs.set_seed(77)
+    ours = states()
+    assert torch.equal(theirs[0], ours[0]) and np.array_equal(theirs[1], ours[1]) and theirs[2] == ours[2]
+    code = "import sys; from klear_lib import runs; runs.set_seed(0); print('transformers' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == \
+        "False"
