@@ -68,7 +68,9 @@ reproduce: $(STAMP)
 	$(VENV)/bin/klear reproduce --preset $(PRESET)
 
 # The whole suite: the linter (library, tests, benchmarks, tools, the notebooks' .py halves), unit and integration
-# tests (the notebook pairs' agreement among them), then every notebook at its `smoke` preset under nbval.
+# tests (the notebook pairs' agreement among them), then every notebook at its `smoke` preset under nbval. One torch
+# (OpenMP) thread per process: the suite keeps several processes per core busy (tests/conftest.py).
+test: export OMP_NUM_THREADS := 1
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	rm -rf .nbval && mkdir -p .nbval

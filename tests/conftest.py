@@ -7,6 +7,12 @@ from klear_lib.data import tasks
 # Fixture notebooks are inputs of tests/test_cli.py (one of them fails on purpose), not notebooks to validate.
 collect_ignore = ["fixtures"]
 
+# One torch thread in a test process: the suite runs several processes per core (two pytest-xdist workers, their
+# tests' own processes), and torch's default of a thread per core then has OpenMP threads spin on cores another
+# process needs (the tests that train in-process ran 2-5x slower in make test than alone). make test also sets
+# OMP_NUM_THREADS=1 for every process the tests start; a test that wants more threads asks for them.
+torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` run where CUDA is present and are skipped (with the reason shown) elsewhere."""
