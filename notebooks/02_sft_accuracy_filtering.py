@@ -40,7 +40,7 @@
 # %% tags=["parameters"]
 # Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
-subsets = "easy,hard"                          # of easy, hard, all
+subsets = "hard"                               # of easy, hard, all
 hard_modes = "only_true,only_true_matched,only_true_covered,mixed"
 easy_modes = "only_true,mixed"                 # the arms of the easy (and all) subsets
 seeds = "0,1,2,3,4,5"
@@ -48,7 +48,7 @@ teacher = "near_miss"                          # near_miss (one late wrong step)
 late_share = 0.5                               # the near miss's wrong step lies in this last share of the steps
 model = "tiny"
 n_train = 6000
-n_heldout = 128
+n_heldout = 64
 pool_size = 4000                               # teacher responses (one per drawn training problem)
 pass_samples = 8                               # teacher responses per problem that measure its pass rate
 easy_above = 0.5                               # easy: measured pass rate above this

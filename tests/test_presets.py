@@ -34,6 +34,11 @@ NOTEBOOK_SCALE_KEYS = {
     "05_code_reward": {"reward_workers"},  # sandbox processes per unit: a GPU box has more cores
     "01_sft_data_sources": {"defect_seeds"},  # the positive control's seeds, beside "seeds"
 }
+# Parts of the design that `tiny` leaves out for its CPU time budget (`make reproduce` within an hour on 2 cores) and
+# a GPU run keeps: 02's easy subset, 06's α 0.2 arm (lists: tiny's must be a part of gpu's) and 03's rollouts of the
+# on-policy control (a count: tiny's at most gpu's). Never another design: only less of the same one.
+BUDGET_LISTS = {"02_sft_accuracy_filtering": {"subsets"}, "06_sft_loss_alpha": {"alphas"}}
+BUDGET_COUNTS = {"03_rl_clip_variants": {"control_rollouts"}}
 
 
 def test_there_are_notebooks():
@@ -57,9 +62,14 @@ def test_gpu_presets_change_only_scale_keys(nb, preset):
     params = cli.load_params(nb.stem, preset, params_dir=ROOT / "params")
     tiny = cli.load_params(nb.stem, "tiny", params_dir=ROOT / "params")
     changed = {k for k, v in params.items() if tiny[k] != v}
-    allowed = SCALE_KEYS | NOTEBOOK_SCALE_KEYS.get(nb.stem, set())
+    lists, counts = BUDGET_LISTS.get(nb.stem, set()), BUDGET_COUNTS.get(nb.stem, set())
+    allowed = SCALE_KEYS | NOTEBOOK_SCALE_KEYS.get(nb.stem, set()) | lists | counts
     assert changed, f"{nb.stem}/{preset} changes nothing against tiny"
     assert changed <= allowed, sorted(changed - allowed)
+    for k in lists & changed:
+        assert set(str(tiny[k]).split(",")) < set(str(params[k]).split(",")), (k, tiny[k], params[k])
+    for k in counts & changed:
+        assert tiny[k] < params[k], (k, tiny[k], params[k])
 
 
 @pytest.mark.parametrize("nb,preset", PRESETS, ids=lambda x: getattr(x, "stem", x))
