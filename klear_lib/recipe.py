@@ -71,9 +71,9 @@ class KlearLossConfig:
                 p = float(value)
             except ValueError:
                 p = float("nan")
-            if not sep or name.strip() not in valid or not 0 <= p < 1:
+            if not sep or name.strip() not in valid or not 0 <= p <= 1:  # 1: every token of the class, as ERC
                 raise ValueError(f"KlearLossConfig.random_stop_classes: entry {entry!r} must be CLASS:P with CLASS "
-                                 f"one of {valid} and P in [0, 1)")
+                                 f"one of {valid} and P in [0, 1]")
             out[name.strip()] = p
         return out
 

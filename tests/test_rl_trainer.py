@@ -440,7 +440,8 @@ def test_random_stop_by_class_stops_only_the_named_classes_at_their_rates(tiny, 
 
 
 @pytest.mark.parametrize("table, message", [
-    ("low/fork", "CLASS:P"), ("tiny/rest:0.1", "CLASS one of"), ("low/rest:1.0", r"P in \[0, 1\)"),
+    ("low/fork", "CLASS:P"), ("tiny/rest:0.1", "CLASS one of"), ("low/rest:1.5", r"P in \[0, 1\]"),
+    ("low/rest:-0.1", r"P in \[0, 1\]"),
     ("low/rest:x", "CLASS:P"),
 ])
 def test_random_stop_classes_are_checked(table, message):
@@ -450,6 +451,9 @@ def test_random_stop_classes_are_checked(table, message):
         KlearLossConfig(random_stop_classes="low/rest:0.1", random_stop_frac=0.1)
     assert KlearLossConfig(random_stop_classes="low/rest:0.1,high/fork:0.5").stop_classes() == {
         "low/rest": 0.1, "high/fork": 0.5}
+    # a class where ERC stopped every token (04 at tiny: a seed's low-entropy fork tokens) is matched by P = 1, which
+    # stops all of them (the trainer stops a token when its draw in [0, 1) is below P)
+    assert KlearLossConfig(random_stop_classes="low/fork:1.000000").stop_classes() == {"low/fork": 1.0}
 
 
 def _count_evaluation(seen, model):
