@@ -5,6 +5,7 @@ from `tiny` only in scale keys (plus the few keys that a GPU run must change: pr
 paper's evaluation temperature); and every preset, launch config and `-p` example reads the same under
 `yaml.safe_load` (YAML 1.1, papermill's reader) as under klear's reader."""
 
+import math
 import pathlib
 import re
 
@@ -139,3 +140,80 @@ def test_every_p_example_in_the_docs_reads_alike_under_yaml_1_1():
     differ = [(doc, f"{key}={value}") for doc, key, value in examples
               if _typed(yaml.safe_load(value)) != _typed(cli.parse_value(value))]
     assert differ == []
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Can the rule decide each claim at the `tiny` preset's seeds? Holm holds the first of m secondaries to 5%/m, and
+# from 6 seeds the sign-flip test must agree at that level; its smallest p is 2^(1-n). A claim whose level is below
+# that floor comes out `inconclusive` before the run (`claims.mde` is infinite there): a design with a built-in
+# answer. Which declared claims a preset makes follows each notebook's rule for arms it leaves out.
+def _made_at(nb: str, params: dict, declared: dict) -> dict:
+    def drop(cid):
+        return ((nb == "02_sft_accuracy_filtering" and cid.startswith("easy.") and "easy" not in params["subsets"])
+                or (nb == "06_sft_loss_alpha" and cid == "alpha_0.1_vs_0.2.probe_auc"
+                    and 0.2 not in [float(a) for a in str(params["alphas"]).split(",")])
+                or (nb == "03_rl_clip_variants" and cid == "gppo_vs_ppo_clip_2x_lr.probe_auc"
+                    and "ppo_clip_2x_lr" not in params["arms"]))
+    return {cid: d for cid, d in declared.items() if not drop(cid)}
+
+
+def undecidable(nb: str, params: dict, declared: dict) -> list[str]:
+    """The claims of ``declared`` that notebook ``nb`` makes with ``params`` and that the rule cannot decide."""
+    from klear_lib import claims
+
+    made = _made_at(nb, params, declared)
+    n_secondary = sum(d["role"] == "secondary" for d in made.values())
+    out = []
+    for cid, d in made.items():
+        if d["role"] == "check" and "expect" not in d:
+            continue  # a pass/fail threshold, not the paired rule
+        seeds = params["defect_seeds"] if cid.startswith("defects.") else params["seeds"]
+        n = len(str(seeds).split(","))
+        level = claims.ALPHA / n_secondary if d["role"] == "secondary" else claims.ALPHA
+        if n < claims.MIN_SEEDS or not math.isfinite(claims.mde(1.0, n, alpha=level)):
+            out.append(cid)
+    return out
+
+
+def undecidable_at_tiny(nb: str) -> list[str]:
+    from klear_lib import claims
+
+    return undecidable(nb, cli.load_params(nb, "tiny", params_dir=ROOT / "params"),
+                       claims.load_declared(ROOT / "params" / nb / "claims.yaml"))
+
+
+def test_undecidable_finds_the_secondaries_below_the_sign_flip_floor():
+    """Hand-made declarations: at 6 seeds two secondaries (level 0.025, below the floor 2^-5 = 0.031) cannot be
+    decided and the primary (0.05) can; at 7 seeds (2^-6 = 0.016) all can; a claim the preset does not make (02's
+    easy subset left out) neither counts nor is listed, and one secondary alone (0.05) is decided at 6 seeds; an A/A
+    check at 2 seeds is listed (below 3 the rule never decides)."""
+    decl = {"hard.mixed_vs_only_true": {"role": "primary"}, "hard.mixed_vs_only_true_matched": {"role": "secondary"},
+            "hard.mixed_vs_only_true_covered": {"role": "secondary"}, "easy.mixed_vs_only_true": {"role": "secondary"},
+            "starts_learned": {"role": "check"}}
+    six, seven = "0,1,2,3,4,5", "0,1,2,3,4,5,6"
+    nb = "02_sft_accuracy_filtering"
+    assert undecidable(nb, {"seeds": six, "subsets": "hard"}, decl) == [
+        "hard.mixed_vs_only_true_matched", "hard.mixed_vs_only_true_covered"]
+    assert undecidable(nb, {"seeds": seven, "subsets": "hard"}, decl) == []
+    one = {k: v for k, v in decl.items() if k != "hard.mixed_vs_only_true_covered"}
+    assert undecidable(nb, {"seeds": six, "subsets": "hard"}, one) == []
+    assert undecidable(nb, {"seeds": six, "subsets": "easy,hard"}, one) == [
+        "hard.mixed_vs_only_true_matched", "easy.mixed_vs_only_true"]
+    aa = {"aa": {"role": "check", "expect": "inconclusive"}}
+    assert undecidable("06_sft_loss_alpha", {"seeds": "0,1", "alphas": "0,0.1"}, aa) == ["aa"]
+
+
+# 01-04 at 6 seeds with 2-3 secondaries: the defect docs/results.md (2026-12-03) reports; 7 seeds or fewer
+# secondaries fixes it. strict: once a preset is fixed, the marker must go.
+_UNDECIDABLE_NOW = {"01_sft_data_sources", "02_sft_accuracy_filtering", "03_rl_clip_variants", "04_erc_bounds"}
+
+
+@pytest.mark.parametrize("nb", [
+    pytest.param(p.stem, marks=pytest.mark.xfail(
+        strict=True, raises=AssertionError,
+        reason="6 seeds with 2-3 Holm-adjusted secondaries: below the sign-flip floor (issue 18)"))
+    if p.stem in _UNDECIDABLE_NOW else p.stem
+    for p in NOTEBOOKS if (ROOT / "params" / p.stem / "claims.yaml").exists()
+    and "seeds" in cli.load_params(p.stem, "tiny", params_dir=ROOT / "params")])
+def test_every_claim_of_the_tiny_preset_can_be_decided_at_its_seeds(nb):
+    assert undecidable_at_tiny(nb) == []
