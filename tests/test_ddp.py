@@ -157,8 +157,7 @@ def ddp_runs(tmp_path_factory):
 def test_ddp_ranks_identical(kind, ddp_runs, tmp_path):
     from klear_lib.train.rl import _concat_rows
 
-    runs = ddp_runs
-    r0, r1 = (torch.load(runs / kind / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    r0, r1 = (torch.load(ddp_runs / kind / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     assert r0["wrapped"] == "DistributedDataParallel"
     assert r0["steps"] == r1["steps"] >= 3, (r0["steps"], r1["steps"])  # several optimizer steps
     assert len(r0["losses"]) == r0["steps"]
@@ -243,14 +242,13 @@ def test_fsdp2_klear_backend_equals_one_process(ddp_runs):
     the whole batch (the old backend failed here: the backbone ran on sharded weights)."""
     from klear_lib.train.rl import klear_token_stats
 
-    runs = ddp_runs
     model, _, _ = tiny_model_and_tokenizer()
     ids, mask = fsdp_batch()
     logps, ent, _ = klear_token_stats(model, ids, mask, FSDP_KEEP, temperature=0.9)
     ((logps.sum() + 0.5 * ent.sum()) / 2).backward()  # the mean over two ranks of their sums
     grads = {n: p.grad for n, p in model.named_parameters()}
     for r in (0, 1):
-        rec = torch.load(runs / "fsdp2" / f"rank{r}.pt", weights_only=False)
+        rec = torch.load(ddp_runs / "fsdp2" / f"rank{r}.pt", weights_only=False)
         assert rec["sharded"] == "DTensor"
         assert torch.allclose(rec["logps"], logps[rec["rows"]], atol=1e-5)
         assert torch.allclose(rec["ent"], ent[rec["rows"]], atol=1e-5)

@@ -12,7 +12,7 @@ import re
 import pytest
 import yaml
 
-from klear_lib import cli
+from klear_lib import claims, cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -159,8 +159,6 @@ def _made_at(nb: str, params: dict, declared: dict) -> dict:
 
 def undecidable(nb: str, params: dict, declared: dict) -> list[str]:
     """The claims of ``declared`` that notebook ``nb`` makes with ``params`` and that the rule cannot decide."""
-    from klear_lib import claims
-
     made = _made_at(nb, params, declared)
     n_secondary = sum(d["role"] == "secondary" for d in made.values())
     out = []
@@ -176,8 +174,6 @@ def undecidable(nb: str, params: dict, declared: dict) -> list[str]:
 
 
 def undecidable_at_tiny(nb: str) -> list[str]:
-    from klear_lib import claims
-
     return undecidable(nb, cli.load_params(nb, "tiny", params_dir=ROOT / "params"),
                        claims.load_declared(ROOT / "params" / nb / "claims.yaml"))
 
