@@ -20,8 +20,10 @@
 # `klear/p_correct_fork` (the probability of the right digit at the four fork facts, one forward pass per rollout,
 # no sampling noise) over the rollouts, gppo − ppo_clip, paired by seed, at **16 updates per rollout** (the
 # mechanism panel below shows why: GPPO and PPO-clip differ only off-policy, and more the more updates a rollout
-# makes). Secondary claims (Holm-adjusted): the final held-out accuracy of the fork problems, and GPPO against
-# PPO-clip at **twice the learning rate** (the rival reading "GPPO only takes bigger steps"). The verdict comes from
+# makes). One secondary claim: GPPO against PPO-clip at **twice the learning rate** (the rival reading "GPPO only
+# takes bigger steps"). The final held-out accuracy of the fork problems is shown beside the paper, not tested: a
+# second read-out of the same runs would be a second claim, and at 6 seeds two secondaries (Holm: 2.5% each) sit
+# below the sign-flip test's smallest p (2^-5 = 3.1%), where no verdict can come out. The verdict comes from
 # one calibrated rule (`klear_lib.claims`: a paired t-interval, the exact sign-flip test beside it), with the
 # smallest effect the run could detect (MDE).
 #
@@ -276,8 +278,8 @@ print(f"ppo_clip clips {ppo_clip_fork:.1%} of the fork tokens; gppo keeps the gr
 # ## Read-outs per seed, and the claims
 # Per run: the area under the fork probe over the rollouts (its mean level; the declared primary read-out), the
 # rest probe's area, and the held-out accuracy after the last rollout (fork problems, the rest); beside them, the
-# seed's start. Each claim is a paired difference at the same seed (the same start); the secondaries are
-# Holm-adjusted together.
+# seed's start. Each claim is a paired difference at the same seed (the same start); a secondary is Holm-adjusted
+# with the notebook's other secondaries (here one: the step-size control).
 
 # %%
 pr = df.dropna(subset=["klear/p_correct_fork"])
@@ -305,8 +307,6 @@ def by_seed(arm, col):
 claim_list = [
     claims.declared_claim(DECLARED, "gppo_vs_ppo_clip.probe_auc", by_seed("gppo", "probe_auc"),
                           by_seed("ppo_clip", "probe_auc")),
-    claims.declared_claim(DECLARED, "gppo_vs_ppo_clip.final_fork", by_seed("gppo", "final_fork"),
-                          by_seed("ppo_clip", "final_fork")),
     claims.declared_check(DECLARED, "on_policy_control", control_ok, control_probe_spread,
                           criterion="probe spread < 1e-5, held-out spread 0 and every ratio 1 at one update per "
                                     "rollout", seeds=1),
@@ -315,7 +315,7 @@ claim_list = [
     ss.check(DECLARED),
 ]
 if "ppo_clip_2x_lr" in arm_list:
-    claim_list.insert(2, claims.declared_claim(DECLARED, "gppo_vs_ppo_clip_2x_lr.probe_auc",
+    claim_list.insert(1, claims.declared_claim(DECLARED, "gppo_vs_ppo_clip_2x_lr.probe_auc",
                                                by_seed("gppo", "probe_auc"), by_seed("ppo_clip_2x_lr", "probe_auc")))
 else:  # a preset without the control: its claim cannot be made, and says so
     DECLARED = {k: v for k, v in DECLARED.items() if k != "gppo_vs_ppo_clip_2x_lr.probe_auc"}
