@@ -6,8 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.klear-installed
 # Tests that compare the host before and after a hostile program: a process of their own (make test, pass 2)
 HOST_TESTS := tests/test_sandbox_hostile.py tests/test_reward_hostile.py tests/test_orphans.py
-# make test's first stream of smoke notebooks (prepared into .nbval/); the second is every other one but the report
-NB_STREAM_1 := 03_rl_clip_variants 04_erc_bounds 06_sft_loss_alpha 07_evaluation
+# make test's second stream of smoke notebooks (prepared into .nbval/); the first is every other one but the report
+NB_STREAM_2 := 03_rl_clip_variants 04_erc_bounds 06_sft_loss_alpha 07_evaluation
 NBVAL := --nbval-lax --sanitize-with tests/nbval_sanitize.cfg
 PRESET ?= tiny
 export PYTHONUNBUFFERED := 1
@@ -77,24 +77,25 @@ test: $(STAMP)
 	@# Every notebook with a smoke preset, parameters injected, into .nbval/ (run folders .nbval/runs/<nb>/<stamp>,
 	@# named as klear names them: the report counts only those as runs).
 	$(VENV)/bin/klear prepare --all --preset smoke --out .nbval
-	@# Two passes. 1: the unit tests in two worker processes (pytest-xdist), the tests of one file in one worker
-	@# (its module fixtures are built once). 2: the smoke notebooks under nbval in two streams at once, 03, 04, 06
-	@# and 07 in one (they share the SFT starts cached in .nbval/runs, trained by the first that needs one), the
-	@# others in the second, then the report (00_*), which gathers their runs; and beside them, in a process of its
-	@# own, the tests that check the host unchanged around a hostile program: no test of theirs shares a process
-	@# tree with another test, and what they compare (their own descendants, sockets and planted files; the top
-	@# level of home and checkout) the notebooks do not change. The second stream's and the host tests' output is
-	@# printed when all are done.
-	$(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile tests $(HOST_TESTS:%=--ignore=%) --durations=15
+	@# Two passes. 1: the unit tests in two worker processes (pytest-xdist; the tests of one file in one worker, so
+	@# that its module fixtures are built once) and beside them the first stream of smoke notebooks under nbval (01,
+	@# 02, 05: the unit tests leave a third of two cores idle, waiting on the processes they start). 2: the second
+	@# stream, 03, 04, 06 and 07 (they share the SFT starts cached in .nbval/runs, trained by the first that needs one),
+	@# and beside it, in a process of its own, the tests that check the host unchanged around a hostile program: no test
+	@# of theirs shares a process tree with another test, and what they compare (their own descendants, sockets and
+	@# planted files; the top level of home and checkout) the notebooks do not change and a unit test might. Then the
+	@# report (00_*), which gathers the notebooks' runs. Logs of what ran beside are printed when it is done.
+	$(PY) -m pytest -p no:cacheprovider $(NBVAL) $$(ls .nbval/*.ipynb | grep -v -e /00_ $(NB_STREAM_2:%=-e /%.ipynb)) \
+	  > .nbval/stream-1.log 2>&1 & one=$$!; \
+	$(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile tests $(HOST_TESTS:%=--ignore=%) --durations=15; unit=$$?; \
+	wait $$one; one=$$?; cat .nbval/stream-1.log; \
 	$(PY) -m pytest -p no:cacheprovider $(HOST_TESTS) --durations=5 > .nbval/host-tests.log 2>&1 & host=$$!; \
-	$(PY) -m pytest -p no:cacheprovider $(NBVAL) $$(ls .nbval/*.ipynb | grep -v -e /00_ $(NB_STREAM_1:%=-e /%.ipynb)) \
-	  > .nbval/stream-2.log 2>&1 & two=$$!; \
-	$(PY) -m pytest -p no:cacheprovider $(NBVAL) $(NB_STREAM_1:%=.nbval/%.ipynb); one=$$?; \
-	wait $$two; two=$$?; cat .nbval/stream-2.log; \
+	$(PY) -m pytest -p no:cacheprovider $(NBVAL) $(NB_STREAM_2:%=.nbval/%.ipynb); two=$$?; \
 	$(PY) -m pytest -p no:cacheprovider $(NBVAL) $$(ls .nbval/00_*.ipynb); report=$$?; \
 	wait $$host; rc=$$?; cat .nbval/host-tests.log; \
-	[ $$one -eq 0 ] && [ $$two -eq 0 ] && [ $$report -eq 0 ] && [ $$rc -eq 0 ] || { \
-	  echo "make test: notebook streams exit $$one and $$two, the report $$report, host tests exit $$rc"; exit 1; }
+	[ $$unit -eq 0 ] && [ $$one -eq 0 ] && [ $$two -eq 0 ] && [ $$report -eq 0 ] && [ $$rc -eq 0 ] || { \
+	  echo "make test: unit tests exit $$unit, notebook streams $$one and $$two, the report $$report, host tests $$rc"; \
+	  exit 1; }
 
 # JupyterLab at the repository root (so jupytext reads jupytext.toml: saving a notebook updates both halves of its
 # pair and leaves an unchanged one unchanged), opened on notebooks/, one entry per notebook (klear_lib.lab).
