@@ -14,8 +14,20 @@ collect_ignore = ["fixtures"]
 torch.set_num_threads(1)
 
 
+# make test hands whole files to its two pytest-xdist workers (--dist loadfile) in collection order. The files with
+# the longest tests (make test, 2026-12-03: 13-55 s each, a notebook or a process tree run for real) go first, so
+# that the pass ends on short files, not on one worker running a long file while the other waits.
+SLOW_FILES_FIRST = ("test_cli.py", "test_papermill_readme.py", "test_resume.py", "test_gpu_check.py",
+                    "test_disk_full.py", "test_locks.py", "test_launch.py", "test_ddp.py", "test_bench_scripts.py",
+                    "test_reward_pool.py", "test_evaluate.py", "test_verl.py", "test_tracking.py",
+                    "test_run_identity.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` run where CUDA is present and are skipped (with the reason shown) elsewhere."""
+    """The files of SLOW_FILES_FIRST first, in that order (the others and each file's tests keep theirs); tests
+    marked `gpu` run where CUDA is present and are skipped (with the reason shown) elsewhere."""
+    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (marked gpu); none on this machine")
