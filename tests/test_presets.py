@@ -143,10 +143,10 @@ def test_every_p_example_in_the_docs_reads_alike_under_yaml_1_1():
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Can the rule decide each claim at the `tiny` preset's seeds? Holm holds the first of m secondaries to 5%/m, and
-# from 6 seeds the sign-flip test must agree at that level; its smallest p is 2^(1-n). A claim whose level is below
-# that floor comes out `inconclusive` before the run (`claims.mde` is infinite there): a design with a built-in
-# answer. Which declared claims a preset makes follows each notebook's rule for arms it leaves out.
+# Can the rule decide each claim at a preset's seeds (`tiny` and `gpu`)? Holm holds the first of m secondaries to
+# 5%/m, and from 6 seeds the sign-flip test must agree at that level; its smallest p is 2^(1-n). A claim whose level
+# is below that floor comes out `inconclusive` before the run (`claims.mde` is infinite there): a design with a
+# built-in answer. Which declared claims a preset makes follows each notebook's rule for arms it leaves out.
 def _made_at(nb: str, params: dict, declared: dict) -> dict:
     def drop(cid):
         return ((nb == "02_sft_accuracy_filtering" and cid.startswith("easy.") and "easy" not in params["subsets"])
