@@ -54,7 +54,7 @@ CLAIM_FIELDS = BASE_FIELDS + PAIRED_FIELDS  # a primary or secondary claim (and 
 OPTIONAL_FIELDS = ("note", "notebook", "scope", "p_adjusted", "expect", "outcome", "arms", "preset", "criterion",
                    "undetectable")
 DECLARED_FIELDS = ("id", "role", "claim", "source", "metric", "direction", "scope")
-DECLARED_OPTIONAL = ("expect", "arms")
+DECLARED_OPTIONAL = ("expect", "arms", "requires")
 
 
 # -- Student's t distribution -----------------------------------------------------------------------------------
@@ -425,7 +425,8 @@ def load_declared(path: str | Path) -> dict[str, dict]:
     """A notebook's claims as declared before any training: ``params/<notebook>/claims.yaml``, a list of
     mappings with ``id``, ``role``, ``claim``, ``source``, ``metric``, ``direction`` (+1 / -1: the paper's
     sign of a - b) and ``scope`` (one line: what the stand-in can and cannot show for this claim), and for a
-    check ``expect``. Errors name the file, the entry and the field."""
+    check ``expect``, and optionally ``requires`` (the parameters the claim needs, read by ``made``). Errors name
+    the file, the entry and the field."""
     import yaml
 
     path = Path(path)
@@ -456,6 +457,8 @@ def load_declared(path: str | Path) -> dict[str, dict]:
             raise ValueError(f"{at}: expect (one of {VERDICTS}) is given for checks only")
         if "expect" in d and d["expect"] not in VERDICTS:
             raise ValueError(f"{at}.expect must be one of {VERDICTS}, got {d['expect']!r}")
+        if "requires" in d:
+            _check_requires(d["requires"], at)
         if d["id"] in out:
             raise ValueError(f"{at}: claim id {d['id']!r} is declared twice")
         out[d["id"]] = dict(d)
@@ -463,6 +466,54 @@ def load_declared(path: str | Path) -> dict[str, dict]:
     if any(r != "check" for r in roles) and roles.count("primary") != 1:
         raise ValueError(f"{path}: a notebook that tests a paper declares exactly one primary claim, got "
                          f"{roles.count('primary')}")
+    return out
+
+
+def _check_requires(req, at: str) -> None:
+    if not isinstance(req, Mapping) or not req:
+        raise ValueError(f"{at}.requires must be a mapping of parameter -> what it must hold, got {req!r}")
+    for key, want in req.items():
+        items = want if isinstance(want, list) else [want]
+        ok = bool(items) and (want is True or all(
+            isinstance(w, (str, int, float)) and not isinstance(w, bool) and str(w).strip() for w in items))
+        if not isinstance(key, str) or not ok:
+            raise ValueError(f"{at}.requires.{key}: expected true (the parameter is set: true, or a non-empty "
+                             f"list) or an item, or a list of items, of the parameter's comma-separated list; got "
+                             f"{want!r}")
+
+
+def _same_item(have: str, want) -> bool:
+    if have == str(want).strip():
+        return True
+    try:
+        return float(have) == float(want)
+    except ValueError:
+        return False
+
+
+def requirement_met(value, want) -> bool:
+    """Whether a notebook parameter's ``value`` holds ``want`` (a declared claim's ``requires`` entry): ``true``
+    when the value is set (a true flag, a non-empty list); an item, or a list of items, when each is among the
+    value's comma-separated items (numbers compare as numbers: ``0.2`` is in ``"0,0.1,0.20"``)."""
+    if want is True:
+        return bool(value.strip()) if isinstance(value, str) else bool(value)
+    have = [x.strip() for x in str(value).split(",") if x.strip()]
+    return all(any(_same_item(h, w) for h in have) for w in (want if isinstance(want, list) else [want]))
+
+
+def made(declared: Mapping[str, Mapping], params: Mapping, *, where: str = "claims") -> dict[str, dict]:
+    """The declared claims a run with notebook parameters ``params`` makes: those whose ``requires`` (declared
+    beside the claim: which arms, subsets or flags it needs) the parameters meet. A preset that leaves an arm out
+    leaves its claims out by this one rule, read by the notebook (``finalize`` then wants exactly these claims)
+    and by the tests of the presets."""
+    out = {}
+    for cid, d in declared.items():
+        req = d.get("requires") or {}
+        absent = [k for k in req if k not in params]
+        if absent:
+            raise KeyError(f"{where}: claim {cid!r} requires parameter(s) {absent}, which the notebook does not have")
+        if all(requirement_met(params[k], w) for k, w in req.items()):
+            out[cid] = d
     return out
 
 

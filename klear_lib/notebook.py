@@ -193,13 +193,16 @@ def require(namespace: Mapping[str, Any], *, counts: tuple[str, ...] = (), posit
 CLAIMS_FILE = "claims.yaml"  # beside a notebook's presets: its claims, declared before any training
 
 
-def declared_claims(name: str) -> dict[str, dict]:
+def declared_claims(name: str, params: Mapping | None = None) -> dict[str, dict]:
     """Notebook ``name``'s claims as declared in ``params/<name>/claims.yaml`` (``claims.load_declared``): read
-    in the config cell, before any training, and written into the run's config."""
+    in the config cell, before any training, and written into the run's config. With ``params`` (the notebook's
+    parameters, e.g. ``globals()``): only the claims a run with them makes (``claims.made``: each claim's
+    ``requires``), which ``claims.finalize`` then wants exactly."""
     folder = params_dir()
     if folder is None:
         raise FileNotFoundError(f"{name}: no params/ folder to read {CLAIMS_FILE} from (set {PARAMS_DIR_ENV})")
-    return claims_mod.load_declared(folder / name / CLAIMS_FILE)
+    declared = claims_mod.load_declared(folder / name / CLAIMS_FILE)
+    return declared if params is None else claims_mod.made(declared, params, where=f"{name} claims")
 
 
 def claims_frame(claim_list: list[dict]):

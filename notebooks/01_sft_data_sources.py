@@ -95,7 +95,7 @@ from klear_lib.train.sft import SFTStageConfig
 
 notebook.quiet()
 NAME = "01_sft_data_sources"
-DECLARED = notebook.declared_claims(NAME)
+DECLARED = notebook.declared_claims(NAME, globals())  # the claims this run makes (their `requires`)
 cfg = notebook.config_from(SFTExperimentConfig, globals())
 notebook.require(globals(), counts=("pool_per_source", "budget", "score_samples", "base_batch_size", "workers"),
                  positive=("base_lr", "base_epochs"), fractions=("base_error_rate",))
@@ -290,8 +290,7 @@ for cid, d in DECLARED.items():
     first, second = pair.split("_vs_")
     if cond in ARM_LISTS and {first, second} <= set(ARM_LISTS[cond]):
         claim_list.append(claims.declared_claim(DECLARED, cid, by_seed(cond, first), by_seed(cond, second)))
-made = {c["id"] for c in claim_list}
-claim_list = claims.finalize(claim_list, {k: v for k, v in DECLARED.items() if k in made}, where=f"{NAME} claims")
+claim_list = claims.finalize(claim_list, DECLARED, where=f"{NAME} claims")  # exactly the claims made
 display(notebook.claims_frame(claim_list))
 styles = df[df["condition"] == "styles"].groupby("variant")["eval/avg_at_n"].mean()
 if {"top2_mixed_order", "top2_same_order"} <= set(styles.index):

@@ -87,7 +87,7 @@ from klear_lib.train.sft import SFTStageConfig, sft_samples
 
 notebook.quiet()
 NAME = "02_sft_accuracy_filtering"
-DECLARED = notebook.declared_claims(NAME)
+DECLARED = notebook.declared_claims(NAME, globals())  # the claims this run makes (their `requires`)
 cfg = notebook.config_from(SFTExperimentConfig, globals())
 notebook.require(globals(), counts=("pool_size", "pass_samples", "base_batch_size", "workers"),
                  positive=("base_lr", "base_epochs"), fractions=("late_share", "easy_above", "base_error_rate"))
@@ -224,8 +224,7 @@ for cid in DECLARED:
         col = hard_key if subset == "hard" else "eval/avg_at_n"
         claim_list.append(claims.declared_claim(DECLARED, cid, by_seed(subset, "mixed", col),
                                                 by_seed(subset, other, col)))
-made = {c["id"] for c in claim_list}
-claim_list = claims.finalize(claim_list, {k: v for k, v in DECLARED.items() if k in made}, where=f"{NAME} claims")
+claim_list = claims.finalize(claim_list, DECLARED, where=f"{NAME} claims")  # exactly the claims made
 display(notebook.claims_frame(claim_list))
 hard_prompts = {m: len({s["prompt"] for s in d}) for (sub, m), d in datasets_.items() if sub == "hard"}
 print("distinct hard questions per arm:", hard_prompts)

@@ -96,7 +96,7 @@ from klear_lib.train import rl_jobs
 notebook.quiet()
 notebook.require(globals(), counts=("probe_prompts", "workers"), fractions=("collapse_drop",))
 NAME = "04_erc_bounds"
-DECLARED = notebook.declared_claims(NAME)
+DECLARED = notebook.declared_claims(NAME, globals())  # the claims this run makes (their `requires`)
 DAPO = dict(loss_name="ppo_clip", clip_ratio_low=0.2, clip_ratio_high=0.28)
 ERC = "dapo_erc_0.8_1.2"
 ARMS = {
@@ -278,8 +278,7 @@ if "dapo_random_mask" in arm_list:
         DECLARED, "random_mask_matched", misplaced_ratio <= MISPLACED_MAX, 100 * misplaced_ratio,
         criterion=f"Σ over token classes of (class share × |ERC's stopped share − the mask's|) at most "
                   f"{MISPLACED_MAX:.0%} of the tokens ERC stops", seeds=len(seed_list)))
-made = {c["id"] for c in claim_list}
-claim_list = claims.finalize(claim_list, {k: v for k, v in DECLARED.items() if k in made}, where=f"{NAME} claims")
+claim_list = claims.finalize(claim_list, DECLARED, where=f"{NAME} claims")  # exactly the claims made
 display(notebook.claims_frame(claim_list))
 
 # %% [markdown]

@@ -80,7 +80,7 @@ from klear_lib.train import rl_jobs
 notebook.quiet()
 notebook.require(globals(), counts=("workers",))
 NAME = "06_sft_loss_alpha"
-DECLARED = notebook.declared_claims(NAME)
+DECLARED = notebook.declared_claims(NAME, globals())  # the claims this run makes (their `requires`)
 AA_OFFSET = 1000  # the second seed stream of the A/A pair: seed s + 1000
 alpha_list = notebook.parse_list(alphas, "alphas", float)
 if not {0.0, 0.1} <= set(alpha_list):
@@ -171,8 +171,7 @@ if "alpha=0.2" in configs:
 if aa_stream:
     claim_list.append(claims.declared_claim(DECLARED, "aa_noise_floor.probe_auc", by_seed("alpha=0", "probe_auc"),
                                             by_seed("alpha=0/stream_b", "probe_auc")))
-made = {c["id"] for c in claim_list}
-claim_list = claims.finalize(claim_list, {k: v for k, v in DECLARED.items() if k in made}, where=f"{NAME} claims")
+claim_list = claims.finalize(claim_list, DECLARED, where=f"{NAME} claims")  # exactly the claims made
 display(notebook.claims_frame(claim_list))
 entropy_cost = {}
 for v in configs:  # the entropy each α costs against α = 0, with its t-interval (a read-out, not a claim)

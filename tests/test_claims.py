@@ -5,6 +5,7 @@ import itertools
 import math
 import random
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -340,12 +341,66 @@ def test_finalize_wants_one_primary_and_the_declared_claims(tmp_path):
      "checks only"),
     ("- {id: a, role: secondary, claim: c, source: s, metric: m, direction: 1, scope: x}\n", "exactly one primary"),
     ("{id: a}\n", "non-empty list"),
+    ("- {id: a, role: primary, claim: c, source: s, metric: m, direction: 1, scope: x, requires: arms}\n",
+     r"requires must be a mapping"),
+    ("- {id: a, role: primary, claim: c, source: s, metric: m, direction: 1, scope: x, requires: {arms: false}}\n",
+     r"entry 0 \(a\)\.requires\.arms: expected true"),
+    ("- {id: a, role: primary, claim: c, source: s, metric: m, direction: 1, scope: x, requires: {arms: []}}\n",
+     r"requires.arms: expected true"),
 ])
 def test_load_declared_names_the_file_entry_and_field(tmp_path, text, message):
     path = tmp_path / "claims.yaml"
     path.write_text(text)
     with pytest.raises(ValueError, match=message):
         claims.load_declared(path)
+
+
+def test_made_keeps_the_claims_whose_requirements_the_parameters_meet(tmp_path):
+    """`requires` is the one rule for which declared claims a preset makes: items of a comma list (numbers as
+    numbers), every item of a list, `true` for a set flag or a non-empty list; a missing parameter is named."""
+    path = tmp_path / "claims.yaml"
+    path.write_text(
+        "- {id: main, role: primary, claim: a beats b, source: S, metric: m, direction: 1, scope: x}\n"
+        "- {id: ctl, role: secondary, claim: a beats c, source: S, metric: m, direction: 1, scope: x,\n"
+        "   requires: {arms: [a, c]}}\n"
+        "- {id: alpha, role: secondary, claim: 0.1 beats 0.2, source: S, metric: m, direction: 1, scope: x,\n"
+        "   requires: {alphas: 0.2}}\n"
+        "- {id: aa, role: check, claim: A/A, source: S, metric: m, direction: 1, scope: x, expect: inconclusive,\n"
+        "   requires: {aa_stream: true, extra: true}}\n")
+    declared = claims.load_declared(path)
+    base = {"arms": "a,b", "alphas": "0,0.1", "aa_stream": False, "extra": "e"}
+    assert list(claims.made(declared, base)) == ["main"]
+    assert list(claims.made(declared, {**base, "arms": " b , c ,a"})) == ["main", "ctl"]
+    assert list(claims.made(declared, {**base, "alphas": "0,0.1,0.20"})) == ["main", "alpha"]  # 0.20 == 0.2
+    assert list(claims.made(declared, {**base, "alphas": "0,0.12"})) == ["main"]
+    assert list(claims.made(declared, {**base, "aa_stream": True})) == ["main", "aa"]
+    assert list(claims.made(declared, {**base, "aa_stream": True, "extra": " "})) == ["main"]  # an empty list
+    with pytest.raises(KeyError, match=r"'ctl' requires parameter\(s\) \['arms'\]"):
+        claims.made(declared, {k: v for k, v in base.items() if k != "arms"})
+    assert claims.requirement_met(3, 3) and claims.requirement_met("x", True) and not claims.requirement_met(0, True)
+
+
+def test_every_preset_makes_its_primary_claim_and_requires_name_notebook_parameters():
+    """The notebooks finalize against `claims.made` (each claim's `requires`): every required parameter is one of
+    the notebook's, and every preset (its values over the notebook's defaults) makes the primary claim."""
+    from klear_lib import cli
+
+    root = Path(__file__).resolve().parents[1]
+    seen = 0
+    for folder in sorted((root / "params").iterdir()):
+        if not (folder / "claims.yaml").is_file():
+            continue
+        declared = claims.load_declared(folder / "claims.yaml")
+        defaults = {k: v["default"] for k, v in cli.notebook_parameters(root / "notebooks" / f"{folder.name}.ipynb")
+                    .items()}
+        required = {k for d in declared.values() for k in d.get("requires", {})}
+        assert required <= set(defaults), (folder.name, required - set(defaults))
+        primary = {i for i, d in declared.items() if d["role"] == "primary"}
+        for preset in sorted(p.stem for p in folder.glob("*.yaml") if p.stem != "claims"):
+            params = {**defaults, **cli.load_params(folder.name, preset, params_dir=root / "params")}
+            assert primary <= set(claims.made(declared, params, where=f"{folder.name} at {preset}")), preset
+            seen += 1
+    assert seen >= 20  # 7 notebooks x 3-4 presets
 
 
 def test_area_under_curve_and_first_crossing():

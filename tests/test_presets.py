@@ -146,20 +146,13 @@ def test_every_p_example_in_the_docs_reads_alike_under_yaml_1_1():
 # Can the rule decide each claim at a preset's seeds (`tiny` and `gpu`)? Holm holds the first of m secondaries to
 # 5%/m, and from 6 seeds the sign-flip test must agree at that level; its smallest p is 2^(1-n). A claim whose level
 # is below that floor comes out `inconclusive` before the run (`claims.mde` is infinite there): a design with a
-# built-in answer. Which declared claims a preset makes follows each notebook's rule for arms it leaves out.
-def _made_at(nb: str, params: dict, declared: dict) -> dict:
-    def drop(cid):
-        return ((nb == "02_sft_accuracy_filtering" and cid.startswith("easy.") and "easy" not in params["subsets"])
-                or (nb == "06_sft_loss_alpha" and cid == "alpha_0.1_vs_0.2.probe_auc"
-                    and 0.2 not in [float(a) for a in str(params["alphas"]).split(",")])
-                or (nb == "03_rl_clip_variants" and cid == "gppo_vs_ppo_clip_2x_lr.probe_auc"
-                    and "ppo_clip_2x_lr" not in params["arms"]))
-    return {cid: d for cid, d in declared.items() if not drop(cid)}
+# built-in answer. Which declared claims a preset makes is each claim's `requires` (claims.made), the rule the
+# notebooks read.
 
 
 def undecidable(nb: str, params: dict, declared: dict) -> list[str]:
     """The claims of ``declared`` that notebook ``nb`` makes with ``params`` and that the rule cannot decide."""
-    made = _made_at(nb, params, declared)
+    made = claims.made(declared, params, where=nb)
     n_secondary = sum(d["role"] == "secondary" for d in made.values())
     out = []
     for cid, d in made.items():
@@ -178,9 +171,11 @@ def test_undecidable_finds_the_secondaries_below_the_sign_flip_floor():
     decided and the primary (0.05) can; at 7 seeds (2^-6 = 0.016) all can; a claim the preset does not make (02's
     easy subset left out) neither counts nor is listed, and one secondary alone (0.05) is decided at 6 seeds; an A/A
     check at 2 seeds is listed (below 3 the rule never decides)."""
-    decl = {"hard.mixed_vs_only_true": {"role": "primary"}, "hard.mixed_vs_only_true_matched": {"role": "secondary"},
-            "hard.mixed_vs_only_true_covered": {"role": "secondary"}, "easy.mixed_vs_only_true": {"role": "secondary"},
-            "starts_learned": {"role": "check"}}
+    hard, easy = {"requires": {"subsets": "hard"}}, {"requires": {"subsets": "easy"}}
+    decl = {"hard.mixed_vs_only_true": {"role": "primary", **hard},
+            "hard.mixed_vs_only_true_matched": {"role": "secondary", **hard},
+            "hard.mixed_vs_only_true_covered": {"role": "secondary", **hard},
+            "easy.mixed_vs_only_true": {"role": "secondary", **easy}, "starts_learned": {"role": "check"}}
     six, seven = "0,1,2,3,4,5", "0,1,2,3,4,5,6"
     nb = "02_sft_accuracy_filtering"
     assert undecidable(nb, {"seeds": six, "subsets": "hard"}, decl) == [
