@@ -37,3 +37,18 @@ def test_a_documented_klear_run_command_resolves_as_written(text):
     for item in args.param or []:
         key = item.split("=", 1)[0]
         assert key in params, (text, key)
+
+
+@pytest.mark.parametrize("text, shows", [
+    ("klear params 03", ["rl_lr", "tiny", "gpu"]),  # README: every parameter with its value in each preset
+    ("klear list", ["03_rl_clip_variants", "07_evaluation"]),
+    ("klear --version", ["klear "]),
+])
+def test_the_readmes_inspection_commands_run_as_written(text, shows, capsys):
+    assert text in (ROOT / "README.md").read_text(encoding="utf-8")
+    try:
+        rc = cli.main(shlex.split(text)[1:])
+    except SystemExit as end:  # argparse's --version exits
+        rc = end.code
+    out = capsys.readouterr().out
+    assert rc == 0 and all(s in out for s in shows), out[:500]
