@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import pathlib
+import re
 import shutil
+import signal
 import subprocess
+import sys
+import time
+import urllib.request
 
 import nbformat
 import pytest
@@ -158,3 +164,73 @@ def test_every_notebook_carries_the_metadata_a_lab_save_writes(name):
     meta = nbformat.read(ROOT / "notebooks" / name, as_version=4).metadata
     assert meta == {"jupytext": {"cell_metadata_filter": "tags,-all", "formats": "ipynb,py:percent",
                                  "notebook_metadata_filter": "-all"}, **lab.COMMITTED_METADATA}
+
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _venv_ready() -> str | None:
+    """Why `make` here would set the environment up again (then a test that runs make as written is skipped), or
+    None: the running interpreter is the Makefile's venv and its set-up is current."""
+    venv = pathlib.Path(sys.prefix)
+    if not (venv / ".klear-installed").is_file():
+        return f"{venv} is not a venv made by `make setup` (no .klear-installed)"
+    stamp = subprocess.run(["make", "-q", "-f", str(ROOT / "Makefile"), f"VENV={venv}", str(venv / ".klear-installed")],
+                           cwd=ROOT, capture_output=True)
+    return None if stamp.returncode == 0 else "the venv's set-up is older than pyproject.toml or the lock: `make setup`"
+
+
+def _get(base: str, token: str, path: str) -> dict:
+    request = urllib.request.Request(f"{base}{path}", headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return json.loads(answer.read())
+
+
+def test_make_lab_nb_03_as_written_serves_the_prepared_copy(tmp_path):
+    """The README's `make lab NB=03`, really started (make, `klear lab 03 --preset smoke`, jupyter_server): the
+    server answers on its own port with the prepared copy (smoke's parameters injected) and the notebooks folder,
+    one entry per notebook; SIGTERM ends it."""
+    assert "`make lab NB=03`" in README
+    if why := _venv_ready():
+        pytest.skip(why)
+    runtime = tmp_path / "runtime"
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime), "BROWSER": "true"}  # the browser it opens: `true`
+    proc = subprocess.Popen(["make", "-s", "lab", "NB=03", f"VENV={sys.prefix}"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300  # wall-clock margin for a busy machine; the server is up in seconds
+        while not list(runtime.glob("jpserver-*.json")):
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "no server after 300 s"
+            time.sleep(0.5)
+        time.sleep(0.5)  # the file is written whole before the server listens; let it listen
+        info = json.loads(next(runtime.glob("jpserver-*.json")).read_text())
+        base, token = f"http://127.0.0.1:{info['port']}", info["token"]
+        copy = _get(base, token, "/api/contents/outputs/lab/03_rl_clip_variants.smoke.ipynb?content=1")
+        injected = [c for c in copy["content"]["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
+        assert len(injected) == 1 and re.search(r"^sft_lr = 0\.004$", injected[0]["source"], re.M), injected
+        names = sorted(item["name"] for item in _get(base, token, "/api/contents/notebooks")["content"])
+        assert names == NOTEBOOKS  # the .py halves hidden
+        assert info["root_dir"] == str(ROOT)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out = proc.communicate(timeout=120)[0].decode()
+    assert "03_rl_clip_variants.smoke.ipynb" in out, out[-3000:]
+
+
+def test_jupytext_sync_as_written_updates_the_ipynb_half(checkout):
+    """The README's `.venv/bin/jupytext --sync notebooks/NN_name.py` after editing a .py half elsewhere: the
+    .ipynb takes the edit and the pair agrees again."""
+    command = re.search(r"`\.venv/bin/(jupytext --sync notebooks/NN_name\.py)`", README).group(1)
+    jupytext_bin = pathlib.Path(sys.executable).with_name("jupytext")
+    py = checkout / "notebooks" / "06_sft_loss_alpha.py"
+    py.write_text(py.read_text(encoding="utf-8").replace("# %% [markdown]\n", "# %% [markdown]\n# edited as text\n#\n",
+                                                          1), encoding="utf-8")
+    argv = [str(jupytext_bin), *command.replace("NN_name", "06_sft_loss_alpha").split()[1:]]
+    subprocess.run(argv, cwd=checkout, check=True, capture_output=True)
+    cells = nbformat.read(checkout / "notebooks" / "06_sft_loss_alpha.ipynb", as_version=4).cells
+    assert cells[0].source.startswith("edited as text"), cells[0].source[:80]
+    assert sorted(git(checkout, "status", "--porcelain").split()) == [
+        "M", "M", "notebooks/06_sft_loss_alpha.ipynb", "notebooks/06_sft_loss_alpha.py"]
+    paired = jupytext.read(py)
+    assert [c.source for c in paired.cells] == [c.source for c in cells]
