@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import nbformat
@@ -186,6 +187,20 @@ def _get(base: str, token: str, path: str) -> dict:
         return json.loads(answer.read())
 
 
+def _end_group(proc: subprocess.Popen) -> bool:
+    """SIGTERM to ``proc``'s process group, then SIGKILL if it still runs 120 s later; whether SIGTERM ended it."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+        return True
+    except ProcessLookupError:
+        return True
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return False
+
+
 def test_make_lab_nb_03_as_written_serves_the_prepared_copy(tmp_path):
     """The README's `make lab NB=03`, really started (make, `klear lab 03 --preset smoke`, jupyter_server): the
     server answers on its own port with the prepared copy (smoke's parameters injected) and the notebooks folder,
@@ -193,28 +208,39 @@ def test_make_lab_nb_03_as_written_serves_the_prepared_copy(tmp_path):
     assert "`make lab NB=03`" in README
     if why := _venv_ready():
         pytest.skip(why)
-    runtime = tmp_path / "runtime"
+    runtime, log = tmp_path / "runtime", tmp_path / "make-lab.log"
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime), "BROWSER": "true"}  # the browser it opens: `true`
-    proc = subprocess.Popen(["make", "-s", "lab", "NB=03", f"VENV={sys.prefix}"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(["make", "-s", "lab", "NB=03", f"VENV={sys.prefix}"], cwd=ROOT, env=env,
+                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 300  # wall-clock margin for a busy machine; the server is up in seconds
-        while not list(runtime.glob("jpserver-*.json")):
-            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        info, deadline = None, time.monotonic() + 300  # a margin for a busy machine; the server is up in seconds
+        while info is None:
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
             assert time.monotonic() < deadline, "no server after 300 s"
             time.sleep(0.5)
-        time.sleep(0.5)  # the file is written whole before the server listens; let it listen
-        info = json.loads(next(runtime.glob("jpserver-*.json")).read_text())
+            for found in runtime.glob("jpserver-*.json"):  # maybe not written whole yet
+                try:
+                    info = json.loads(found.read_text())
+                except ValueError:
+                    pass
         base, token = f"http://127.0.0.1:{info['port']}", info["token"]
-        copy = _get(base, token, "/api/contents/outputs/lab/03_rl_clip_variants.smoke.ipynb?content=1")
+        copy = None
+        while copy is None:  # the server binds its port in its event loop, maybe after writing that file
+            try:
+                copy = _get(base, token, "/api/contents/outputs/lab/03_rl_clip_variants.smoke.ipynb?content=1")
+            except urllib.error.URLError as refused:
+                assert isinstance(refused.reason, ConnectionRefusedError) and time.monotonic() < deadline, refused
+                time.sleep(0.5)
         injected = [c for c in copy["content"]["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
         assert len(injected) == 1 and re.search(r"^sft_lr = 0\.004$", injected[0]["source"], re.M), injected
         names = sorted(item["name"] for item in _get(base, token, "/api/contents/notebooks")["content"])
         assert names == NOTEBOOKS  # the .py halves hidden
         assert info["root_dir"] == str(ROOT)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        out = proc.communicate(timeout=120)[0].decode()
+        ended_on_term = _end_group(proc)
+    assert ended_on_term, "the server did not end within 120 s of SIGTERM (killed)"
+    out = log.read_text(errors="replace")
     assert "03_rl_clip_variants.smoke.ipynb" in out, out[-3000:]
 
 
