@@ -465,6 +465,7 @@ def _differs_text(run: "RunInfo", limit: int = 6) -> str:
 CLAIM_COLUMNS = ("notebook", "role", "claim", "source", "metric", "effect", "95% interval", "p", "MDE", "seeds",
                  "verdict for the stand-in", "what the stand-in can and cannot show")
 CHECK_COLUMNS = ("notebook", "check", "metric", "measured", "result", "what it checks")
+UNTESTED_COLUMNS = ("notebook (preset)", "role", "claim", "what it needs that the run had not")
 VERDICT_TEXT = {  # each verdict phrased for what was shown: an effect in the tiny stand-in, not in the paper's setting
     "reproduced": "the stand-in shows the paper's direction",
     "reversed": "the stand-in shows the opposite direction",
@@ -491,6 +492,43 @@ def claim_rows(latest: Mapping[str, "RunInfo"]) -> list[dict]:
             continue
         out += [{**c, "notebook": nb, "preset": run.preset} for c in found]
     return sorted(out, key=lambda c: ROLE_ORDER[c["role"]])  # stable: notebook order within a role
+
+
+def untested_rows(latest: Mapping[str, "RunInfo"], params_folder: str | os.PathLike | None = None) -> list[dict]:
+    """The claims a notebook declares (``params/<notebook>/claims.yaml`` in ``params_folder``, default the
+    checkout's) that its newest run did not make: one row each (notebook, preset, role, claim, id) with ``needs``,
+    what the claim's ``requires`` asks of the parameters beside what the run had (``arms: dapo_half_lr (this run:
+    dapo,...)``); for a claim without ``requires`` (07's checks, made from what ran) or one whose requirement the
+    run meets (declared after it ran), says so."""
+    from klear_lib import claims, notebook
+
+    folder = Path(params_folder) if params_folder is not None else notebook.params_dir()
+    out = []
+    for nb, run in latest.items():
+        found = run.summary.get("claims") if isinstance(run.summary, dict) else None
+        path = folder / nb / notebook.CLAIMS_FILE if folder is not None else None
+        if run.status != "ran" or not found or path is None or not path.is_file():
+            continue
+        try:
+            declared = claims.load_declared(path)
+        except ValueError as err:
+            warnings.warn(f"report: cannot read {path}: {err}")
+            continue
+        made = {c.get("id") for c in found if isinstance(c, Mapping)}
+        for cid, d in declared.items():
+            if cid in made:
+                continue
+            unmet = [(k, w) for k, w in (d.get("requires") or {}).items()
+                     if k not in run.params or not claims.requirement_met(run.params[k], w)]
+            needs = "; ".join(
+                f"{k}: {'set' if w is True else ', '.join(map(str, w if isinstance(w, list) else [w]))} (this run: "
+                f"{run.params[k] if k in run.params else 'no such parameter'})" for k, w in unmet)
+            if not needs:
+                needs = ("declared after this run (its parameters meet what the claim needs)" if d.get("requires")
+                         else "what it compares did not run (the notebook decides from what ran)")
+            out.append({"notebook": nb, "preset": run.preset, "role": d["role"], "claim": d["claim"], "id": cid,
+                        "needs": needs})
+    return sorted(out, key=lambda c: ROLE_ORDER[c["role"]])
 
 
 def forest_plot(rows: Sequence[Mapping]) -> str:
@@ -609,11 +647,21 @@ def claims_html(latest: Mapping[str, "RunInfo"]) -> str:
              "verdicts can move with it (<code>docs/results.md</code>). "
              f"{len(checks)} checks (positive controls, pipeline checks, the noise floor) "
              "are listed apart and not counted.</p>")
+    untested = untested_rows(latest)
+    if untested:
+        tally += (f"<p>{len(untested)} declared claims were not tested by these runs: their presets leave out what "
+                  "they need (an arm, a subset, a flag; listed below). They are neither verdicts nor counted.</p>")
+    untested_html = ("<h3>Declared, not tested by these runs (not counted)</h3><table><thead><tr>"
+                     + "".join(f"<th>{_e(c)}</th>" for c in UNTESTED_COLUMNS) + "</tr></thead><tbody>"
+                     + "".join(f'<tr><td><a href="#{_e(r["notebook"])}">{_e(r["notebook"])}</a> ({_e(r["preset"])})'
+                               f'</td><td>{_e(r["role"])}</td><td>{_e(r["claim"])}<br><span class="meta">'
+                               f'{_e(r["id"])}</span></td><td>{_e(r["needs"])}</td></tr>' for r in untested)
+                     + "</tbody></table>") if untested else ""
     checks_html = ("<h3>Checks (pass/fail, not counted)</h3><table><thead><tr>"
                    + "".join(f"<th>{_e(c)}</th>" for c in CHECK_COLUMNS) + "</tr></thead><tbody>"
                    + "".join(check_rows) + "</tbody></table>") if checks else ""
     return ("<h2>Claims</h2>" + tally + note + forest_plot(rows)
-            + f"<table>{head}<tbody>{''.join(body)}</tbody></table>" + checks_html)
+            + f"<table>{head}<tbody>{''.join(body)}</tbody></table>" + checks_html + untested_html)
 
 
 def _table(header: Sequence[str] | None, rows: Iterable[Sequence[Any]], caption: str = "") -> str:

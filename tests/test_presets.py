@@ -36,10 +36,12 @@ NOTEBOOK_SCALE_KEYS = {
     "01_sft_data_sources": {"defect_seeds"},  # the positive control's seeds, beside "seeds"
 }
 # Parts of the design that `tiny` leaves out for its CPU time budget (`make reproduce` within an hour on 2 cores) and
-# a GPU run keeps: 02's easy subset, 06's α 0.2 arm (lists: tiny's must be a part of gpu's) and 03's rollouts of the
-# on-policy control (a count: tiny's at most gpu's). Never another design: only less of the same one.
-BUDGET_LISTS = {"02_sft_accuracy_filtering": {"subsets"}, "06_sft_loss_alpha": {"alphas"}}
+# a GPU run keeps: 02's easy subset, 06's α 0.2 arm, 04's half-lr arm (lists: tiny's must be a part of gpu's), 03's
+# rollouts of the on-policy control (a count: tiny's at most gpu's) and 04's gradient-norm secondary (a flag: off at
+# tiny, on at gpu). Never another design: only less of the same one.
+BUDGET_LISTS = {"02_sft_accuracy_filtering": {"subsets"}, "06_sft_loss_alpha": {"alphas"}, "04_erc_bounds": {"arms"}}
 BUDGET_COUNTS = {"03_rl_clip_variants": {"control_rollouts"}}
+BUDGET_FLAGS = {"04_erc_bounds": {"grad_norm_claim"}}
 
 
 def test_there_are_notebooks():
@@ -64,13 +66,16 @@ def test_gpu_presets_change_only_scale_keys(nb, preset):
     tiny = cli.load_params(nb.stem, "tiny", params_dir=ROOT / "params")
     changed = {k for k, v in params.items() if tiny[k] != v}
     lists, counts = BUDGET_LISTS.get(nb.stem, set()), BUDGET_COUNTS.get(nb.stem, set())
-    allowed = SCALE_KEYS | NOTEBOOK_SCALE_KEYS.get(nb.stem, set()) | lists | counts
+    flags = BUDGET_FLAGS.get(nb.stem, set())
+    allowed = SCALE_KEYS | NOTEBOOK_SCALE_KEYS.get(nb.stem, set()) | lists | counts | flags
     assert changed, f"{nb.stem}/{preset} changes nothing against tiny"
     assert changed <= allowed, sorted(changed - allowed)
     for k in lists & changed:
         assert set(str(tiny[k]).split(",")) < set(str(params[k]).split(",")), (k, tiny[k], params[k])
     for k in counts & changed:
         assert tiny[k] < params[k], (k, tiny[k], params[k])
+    for k in flags & changed:
+        assert (tiny[k], params[k]) == (False, True), (k, tiny[k], params[k])
 
 
 @pytest.mark.parametrize("nb,preset", PRESETS, ids=lambda x: getattr(x, "stem", x))
@@ -189,17 +194,9 @@ def test_undecidable_finds_the_secondaries_below_the_sign_flip_floor():
     assert undecidable("06_sft_loss_alpha", {"seeds": "0,1", "alphas": "0,0.1"}, aa) == ["aa"]
 
 
-# 04 at 6 seeds with 3 secondaries: the defect docs/results.md reports (7 seeds fix it; they do not fit tiny's time
-# budget). 01-03 were fixed (01, 02 at 7 seeds; 03 with one secondary). strict: once a preset is fixed, the marker
-# must go.
-_UNDECIDABLE_NOW = {("04_erc_bounds", "tiny")}
-
-
+# Every tiny and gpu preset decides every claim it makes (04 at tiny tests one secondary at 6 seeds; 01 and 02 run 7).
 @pytest.mark.parametrize("nb,preset", [
-    pytest.param(p.stem, preset, marks=pytest.mark.xfail(
-        strict=True, raises=AssertionError,
-        reason="6 seeds with 3 Holm-adjusted secondaries: below the sign-flip floor (issue 18)"))
-    if (p.stem, preset) in _UNDECIDABLE_NOW else (p.stem, preset)
+    (p.stem, preset)
     for p in NOTEBOOKS if (ROOT / "params" / p.stem / "claims.yaml").exists()
     for preset in ("tiny", "gpu") if (ROOT / "params" / p.stem / f"{preset}.yaml").exists()
     and "seeds" in cli.load_params(p.stem, preset, params_dir=ROOT / "params")])

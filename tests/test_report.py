@@ -292,6 +292,57 @@ def test_the_report_opens_with_every_claim_and_its_verdict_and_marks_smoke_runs(
     assert '<span class="badge ran">ran</span>' in html and '<span class="badge ok">' not in html
 
 
+def _declare(folder, nb, entries):
+    lines = []
+    for cid, role, requires in entries:
+        lines += [f"- id: {cid}", f"  role: {role}", f"  claim: the claim {cid}", "  source: a paper",
+                  "  metric: auc", "  direction: 1", "  scope: what the stand-in shows"]
+        if role == "check":
+            lines.append("  expect: inconclusive")
+        if requires:
+            lines.append(f"  requires: {requires}")
+    (folder / nb).mkdir(parents=True)
+    (folder / nb / "claims.yaml").write_text("\n".join(lines) + "\n")
+
+
+def test_declared_claims_a_run_did_not_test_are_listed_with_what_they_need(tmp_path, monkeypatch):
+    """A claim whose ``requires`` the run's parameters do not meet is listed apart, naming the parameter, what the
+    claim needs and what the run had; one without ``requires`` that the run did not make says the notebook
+    decided from what ran; one whose requirement the run meets says it was declared after the run. None counts."""
+    from klear_lib import claims
+
+    seeds = range(6)
+    folder = tmp_path / "params"
+    _declare(folder, "04_erc", [("primary", "primary", None), ("mask", "secondary", "{arms: mask}"),
+                                ("half", "secondary", "{arms: [mask, half]}"), ("grad", "secondary", "{grad: true}"),
+                                ("late", "secondary", "{arms: dapo}"), ("made_if_ran", "check", None)])
+    primary = claims.paired_claim("primary", "the claim primary", "a paper", "auc", {s: 0.6 + 0.01 * s for s in seeds},
+                                  {s: 0.5 for s in seeds}, scope="what the stand-in shows")
+    mask = claims.paired_claim("mask", "the claim mask", "a paper", "auc", {s: 0.6 + 0.01 * s for s in seeds},
+                               {s: 0.5 for s in seeds}, role="secondary", scope="what the stand-in shows")
+    out = tmp_path / "outputs"
+    make_run(out, "04_erc", "20250101-120000", params={"arms": "dapo,erc,mask", "grad": False, "seeds": "0,1"},
+             summary={"claims": claims.finalize([primary, mask])})
+    latest = report.latest_runs(report.collect_runs(out))
+    rows = {r["id"]: r for r in report.untested_rows(latest, folder)}
+    assert sorted(rows) == ["grad", "half", "late", "made_if_ran"]
+    assert rows["half"]["needs"] == "arms: mask, half (this run: dapo,erc,mask)"
+    assert rows["grad"]["needs"] == "grad: set (this run: False)"
+    assert rows["late"]["needs"].startswith("declared after this run")
+    assert rows["made_if_ran"]["needs"].startswith("what it compares did not run")
+    assert [r["role"] for r in report.untested_rows(latest, folder)] == ["secondary"] * 3 + ["check"]
+    monkeypatch.setenv("KLEAR_PARAMS_DIR", str(folder))
+    html = report.render_report(out).read_text()
+    part = html[html.index("<h2>Claims</h2>"):html.index("<h2>Overview</h2>")]
+    assert "2 claims tested against the papers (1 primary" in part  # the untested ones are not counted
+    assert "4 declared claims were not tested by these runs" in part
+    untested = part[part.index("<h3>Declared, not tested"):]
+    assert "the claim half" in untested and "arms: mask, half (this run: dapo,erc,mask)" in untested
+    assert "the claim mask" not in untested and "the claim primary" not in untested
+    monkeypatch.setenv("KLEAR_PARAMS_DIR", str(tmp_path / "nowhere"))  # no declarations to read: no such list
+    assert "Declared, not tested" not in report.render_report(out).read_text()
+
+
 def test_damaged_metrics_are_named_and_marked(tmp_path):
     d = make_run(tmp_path, "03_rl", "20250101-120000", summary={"x": 1})
     with open(d / runs.METRICS_FILE, "a") as f:
