@@ -649,8 +649,9 @@ def claims_html(latest: Mapping[str, "RunInfo"]) -> str:
              "are listed apart and not counted.</p>")
     untested = untested_rows(latest)
     if untested:
-        tally += (f"<p>{len(untested)} declared claims were not tested by these runs: their presets leave out what "
-                  "they need (an arm, a subset, a flag; listed below). They are neither verdicts nor counted.</p>")
+        tally += (f"<p>{len(untested)} declared claims were not tested by these runs, each listed below with why "
+                  "(mostly an arm, a subset or a flag its preset leaves out). They are neither verdicts nor "
+                  "counted.</p>")
     untested_html = ("<h3>Declared, not tested by these runs (not counted)</h3><table><thead><tr>"
                      + "".join(f"<th>{_e(c)}</th>" for c in UNTESTED_COLUMNS) + "</tr></thead><tbody>"
                      + "".join(f'<tr><td><a href="#{_e(r["notebook"])}">{_e(r["notebook"])}</a> ({_e(r["preset"])})'

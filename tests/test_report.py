@@ -335,7 +335,7 @@ def test_declared_claims_a_run_did_not_test_are_listed_with_what_they_need(tmp_p
     html = report.render_report(out).read_text()
     part = html[html.index("<h2>Claims</h2>"):html.index("<h2>Overview</h2>")]
     assert "2 claims tested against the papers (1 primary" in part  # the untested ones are not counted
-    assert "4 declared claims were not tested by these runs" in part
+    assert "4 declared claims were not tested by these runs, each listed below with why" in part
     untested = part[part.index("<h3>Declared, not tested"):]
     assert "the claim half" in untested and "arms: mask, half (this run: dapo,erc,mask)" in untested
     assert "the claim mask" not in untested and "the claim primary" not in untested
