@@ -270,14 +270,12 @@ claim_list = [
                           criterion="ERC stops >= 1% of response tokens", seeds=len(seed_list)),
     ss.check(DECLARED),
 ]
-for arm, cid in (("dapo_random_mask", "erc_vs_random_mask.rest_probe_auc"),
-                 ("dapo_half_lr", "erc_vs_half_lr.rest_probe_auc")):
-    if arm in arm_list:
-        claim_list.append(claims.declared_claim(DECLARED, cid, by_seed(ERC, "rest_probe_auc"),
-                                                by_seed(arm, "rest_probe_auc")))
-if "erc_vs_dapo.grad_norm_cv" in DECLARED:  # a secondary where the preset asks for it (grad_norm_claim); else shown
-    claim_list.append(claims.declared_claim(DECLARED, "erc_vs_dapo.grad_norm_cv", by_seed(ERC, "grad_norm_cv"),
-                                            by_seed("dapo", "grad_norm_cv")))
+# The secondaries this preset makes (DECLARED: each claim's `requires`, its arm or grad_norm_claim); ERC - the other.
+for cid, (arm, col) in {"erc_vs_random_mask.rest_probe_auc": ("dapo_random_mask", "rest_probe_auc"),
+                        "erc_vs_half_lr.rest_probe_auc": ("dapo_half_lr", "rest_probe_auc"),
+                        "erc_vs_dapo.grad_norm_cv": ("dapo", "grad_norm_cv")}.items():
+    if cid in DECLARED:
+        claim_list.append(claims.declared_claim(DECLARED, cid, by_seed(ERC, col), by_seed(arm, col)))
 if "dapo_random_mask" in arm_list:
     claim_list.append(claims.declared_check(
         DECLARED, "random_mask_matched", misplaced_ratio <= MISPLACED_MAX, 100 * misplaced_ratio,
