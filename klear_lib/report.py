@@ -642,9 +642,10 @@ def claims_html(latest: Mapping[str, "RunInfo"]) -> str:
              "is right at its scale. " + starts +
              "the seeds vary training from one trained starting model (a notebook's base or SFT warm start; one "
              "per regime in 05): an interval covers that noise, not how the start varies. A run "
-             "is bit-identical on one machine; another processor (each run records <code>cpu</code> and "
-             "<code>cpu_capability</code> in <code>versions.json</code>) can train another start, and effects and "
-             "verdicts can move with it (<code>docs/results.md</code>). "
+             "is bit-identical on one machine; another processor (each run records <code>cpu</code>, "
+             "<code>cpu_id</code> and <code>cpu_capability</code> in <code>versions.json</code>, and 03, 04 and 06 "
+             "the sha256 of each seed's start in <code>sft_start_sha256</code>) can train another start, and "
+             "effects and verdicts can move with it (<code>docs/results.md</code>). "
              f"{len(checks)} checks (positive controls, pipeline checks, the noise floor) "
              "are listed apart and not counted.</p>")
     untested = untested_rows(latest)

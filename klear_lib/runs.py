@@ -341,16 +341,24 @@ def cpu_record() -> dict[str, str]:
     """The processor behind a run's floating point: ``cpu`` (its model name), ``cpu_count`` (logical cores) and
     ``cpu_capability``, the vector instruction set torch's CPU kernels dispatch to (``AVX2``, ``AVX512``, ...).
     Runs from the same seeds are bit-identical on one machine, but two machines whose kernels differ train
-    different weights: what this records says whether two runs could be identical."""
+    different weights: what this records says whether two runs could be identical. ``cpu_id``: family, model and
+    stepping from ``/proc/cpuinfo`` (``25/17/1``), which tell apart processor generations that a cloud gives the
+    same model name; empty where there is no ``/proc/cpuinfo``."""
     import torch
 
-    model = platform.processor() or platform.machine()
+    model, ident = platform.processor() or platform.machine(), {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block
+                key, _, value = line.partition(":")
+                ident.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return {"cpu": model, "cpu_count": str(os.cpu_count()),
+    model = ident.get("model name", model)
+    cpu_id = "/".join(ident.get(k, "?") for k in ("cpu family", "model", "stepping")) if ident else ""
+    return {"cpu": model, "cpu_id": cpu_id, "cpu_count": str(os.cpu_count()),
             "cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
 
 

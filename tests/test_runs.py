@@ -6,6 +6,7 @@ import math
 import os
 import pathlib
 import random
+import re
 import shutil
 import subprocess
 
@@ -59,12 +60,17 @@ def test_metadata_files_and_config_round_trip(tmp_path):
     assert text.startswith('{\n  "')  # indent 2
 
     versions = json.loads((tmp_path / "versions.json").read_text())
-    assert set(runs.TRACKED_PACKAGES) | {"python", "platform", "cpu", "cpu_count", "cpu_capability"} == set(versions)
+    assert set(runs.TRACKED_PACKAGES) | {"python", "platform", "cpu", "cpu_id", "cpu_count",
+                                          "cpu_capability"} == set(versions)
     assert versions["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # e.g. AVX2, AVX512
     assert versions["cpu_count"] == str(os.cpu_count())
     if pathlib.Path("/proc/cpuinfo").is_file():
         cpuinfo = pathlib.Path("/proc/cpuinfo").read_text(errors="replace")
         assert f": {versions['cpu']}" in cpuinfo or "model name" not in cpuinfo
+        first = cpuinfo.split("\n\n")[0]  # the first processor: its family, model and stepping, read a second way
+        fields = dict(re.findall(r"^(cpu family|model|stepping)\s*:\s*(\S+)", first, flags=re.M))
+        if fields:
+            assert versions["cpu_id"] == f"{fields['cpu family']}/{fields['model']}/{fields['stepping']}"
     assert versions["torch"] == torch.__version__
     assert versions["numpy"] == np.__version__
     assert versions["klear_lib"].startswith(klear_lib.__version__)

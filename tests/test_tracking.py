@@ -5,6 +5,7 @@ TensorBoard also gets the resolved config as hparams; metrics.jsonl is written e
 installed is refused before any work."""
 
 import os
+import tempfile
 
 import pytest
 import torch
@@ -128,9 +129,13 @@ def test_a_tracker_that_is_not_installed_is_refused_before_any_work(monkeypatch,
     assert not list(tmp_path.rglob("notebook.ipynb"))
 
 
-def test_every_optimizer_step_has_its_record_when_rollout_records_are_tracked(tmp_path):
+def test_every_optimizer_step_has_its_record_when_rollout_records_are_tracked(tmp_path, monkeypatch):
     """The rollout records reach the tracker through the callbacks' on_log, which clears `should_log`: the step that
-    ends a rollout must still be logged (one record per optimizer step, steps 1..N)."""
+    ends a rollout must still be logged (one record per optimizer step, steps 1..N). With no ``output_dir`` the
+    trainer's scratch folder is gone after the run (every unit of a notebook runs so)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     cfg = RLExperimentConfig(n_train=64, n_heldout=4, levels="1,2", rollouts=2, rollout_prompts=2,
                              mini_batch_prompts=1, num_generations=4, max_completion_length=10, eval_n=1,
                              eval_every=1, filter_groups=False, fork_facts="")
@@ -143,6 +148,7 @@ def test_every_optimizer_step_has_its_record_when_rollout_records_are_tracked(tm
                progress=lambda *_: None)
     steps = [r["step"] for r in runs.read_metrics(tmp_path / "metrics.jsonl") if "actor/pg_loss" in r]
     assert steps == [1, 2, 3, 4]
+    assert not list(scratch.iterdir()), "run_rl left its scratch folder behind"
 
 
 def test_an_sft_unit_tracks_into_the_run_directory_and_the_events_outlive_its_model(tmp_path):

@@ -3,6 +3,7 @@ experiment as the run that trained it (the same sft_start.json, the same random 
 rollout), and a damaged cache entry (zeroed at the same size, truncated) is trained again, with one line saying why,
 to the same start, instead of being reused silently or failing every later run."""
 
+import hashlib
 import json
 import random
 
@@ -88,6 +89,7 @@ def test_seed_starts_train_a_start_per_seed_side_by_side_and_are_the_notebooks_o
         assert record["start"]["avg_at_n"] == ss.starts[s]["avg_at_n"] and record["model_dir"] == ss.dirs[s]
     weights = [(cache_root / warm_start_key(c) / "final" / "model.safetensors").read_bytes() for c in cfgs.values()]
     assert warm_start_key(cfgs[0]) != warm_start_key(cfgs[1]) and weights[0] != weights[1]
+    assert [ss.weights[s] for s in (0, 1)] == [hashlib.sha256(w).hexdigest() for w in weights]
     # The check, computed a second way from the evaluations; this 1-epoch, 128-sample start cannot pass it.
     learned = all(st["avg_at_n_rest"] >= rl_jobs.START_REST_MIN and st["p_correct_fork"] <= rl_jobs.START_FORK_P_MAX
                   for st in ss.starts.values())
@@ -96,7 +98,7 @@ def test_seed_starts_train_a_start_per_seed_side_by_side_and_are_the_notebooks_o
     check = ss.check(declared)
     assert check["verdict"] == "fail" and check["effect"] == min(st["avg_at_n_rest"] for st in ss.starts.values())
     assert ss.summary() == {"sft_start": ss.starts[0], "sft_starts": {"0": ss.starts[0], "1": ss.starts[1]},
-                            "start_per_seed": True}
+                            "start_per_seed": True, "sft_start_sha256": {"0": ss.weights[0], "1": ss.weights[1]}}
     # Another notebook into the same root: the starts come from the cache, the same models and evaluations.
     again = rl_jobs.seed_starts(base, [1, 0], tmp_path / "nb_b", cache_root=cache_root, workers=1)
-    assert again.dirs == ss.dirs and again.starts == ss.starts
+    assert again.dirs == ss.dirs and again.starts == ss.starts and again.weights == ss.weights

@@ -724,6 +724,8 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
     (every process calls it, as sharded ZeRO-3/FSDP weights need). ``tracking_dir``: where the experiment tracker
     of ``cfg.report_to`` writes and under which names (a ``klear_lib.experiment.UnitTracking``, or a folder;
     ``klear_lib.train.tracking``; default ``<output_dir>/tracking``); the rollout records go to it too.
+    ``output_dir``: the trainer's folder (its checkpoints when ``save_steps``; a run resumes from the newest); by
+    default a scratch folder, removed when the run ends unless the tracker's default folder is inside it.
     """
     tags = dict(tags or {})
     arithmetic = rows is None
@@ -749,8 +751,14 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
             return fork_token_mask(tokenizer, completion_ids, completion_mask, facts)
     dataset = Dataset.from_list(rows)
     upr = cfg.updates_per_rollout
-    output_dir = str(output_dir or tempfile.mkdtemp(prefix="klear-rl-"))
     report_to = getattr(cfg, "report_to", "none")
+    tracking = contextlib.ExitStack()
+    if output_dir is None:  # a scratch folder for the trainer, removed after the run unless the tracker writes in it
+        if report_to != "none" and tracking_dir is None:
+            output_dir = tempfile.mkdtemp(prefix="klear-rl-")
+        else:
+            output_dir = tracking.enter_context(tempfile.TemporaryDirectory(prefix="klear-rl-"))
+    output_dir = str(output_dir)
     if report_to != "none" and tracking_dir is None:  # launch.py: beside the checkpoints, named after their folder
         tracking_dir = os.path.join(output_dir, "tracking")
     args = GRPOConfig(
@@ -790,7 +798,6 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
     recorder = RolloutRecorder(writer, tags, evaluate=lambda m: evaluate(m), eval_every=cfg.eval_every, probe=probe,
                                eval_start=getattr(cfg, "eval_start", True),
                                progress=progress)
-    tracking = contextlib.ExitStack()
     # the trackers read their folders and names when the trainer is built
     tracking.enter_context(tracking_env(tracking_dir if report_to != "none" else None))
     trainer = KlearGRPOTrainer(

@@ -44,13 +44,15 @@ def rl_unit(*, config: dict, start: str, tags: dict, metrics_path: str) -> dict:
 def start_unit(*, config: dict, cache_root: str, out_dir: str, tags: dict, metrics_path: str) -> dict:
     """The SFT start of ``config`` (``RLExperimentConfig`` fields; its ``seed`` is the start's) as a unit of work:
     ``arithmetic_warm_start`` into the cache under ``cache_root`` (trained there once per key, as the notebooks'
-    own calls do), its record in ``out_dir/sft_start.json``. Returns the model's folder and the start's held-out
-    evaluation, with ``tags``."""
+    own calls do), its record in ``out_dir/sft_start.json``. Returns the model's folder, the start's held-out
+    evaluation and the sha256 of its weights (two runs' starts are bit-identical where these agree), with ``tags``."""
+    from klear_lib.cache import file_sha256
     from klear_lib.train.sft import arithmetic_warm_start
 
     ws = arithmetic_warm_start(RLExperimentConfig.from_params(config), out_dir, cache_root=cache_root,
                                progress=lambda *_: None)
-    return {"model_dir": str(ws.sft_dir), "start": ws.start, **tags}
+    return {"model_dir": str(ws.sft_dir), "start": ws.start,
+            "weights_sha256": file_sha256(Path(ws.sft_dir) / "model.safetensors"), **tags}
 
 
 # A start learned its teacher (who answers every non-fork problem right and gives the right digit at a fork with p
@@ -64,13 +66,15 @@ STARTS_CRITERION = (f"every seed's SFT start answers >= {START_REST_MIN:.0%} of 
 @dataclass(frozen=True)
 class SeedStarts:
     """One SFT start per seed: ``dirs[s]`` the model's folder, ``starts[s]`` its held-out evaluation
-    (``WarmStart.start``), ``table`` one row per seed, ``learned`` the check of ``STARTS_CRITERION``."""
+    (``WarmStart.start``), ``table`` one row per seed, ``learned`` the check of ``STARTS_CRITERION``, ``weights[s]``
+    the sha256 of its ``model.safetensors``."""
 
     dirs: dict
     starts: dict
     table: pd.DataFrame
     learned: bool
     seconds: float
+    weights: dict
 
     def check(self, declared) -> dict:
         """The notebook's declared check ``starts_learned`` (``claims.declared_check``)."""
@@ -80,10 +84,12 @@ class SeedStarts:
                                      criterion=STARTS_CRITERION, seeds=len(self.dirs))
 
     def summary(self) -> dict:
-        """The notebook summary's record of its starts: the first seed's, every seed's, and ``start_per_seed``
-        (the report then says these intervals cover how the start varies)."""
+        """The notebook summary's record of its starts: the first seed's, every seed's, ``start_per_seed`` (the
+        report then says these intervals cover how the start varies) and ``sft_start_sha256``, each seed's weights'
+        sha256 (whether two runs, on two machines say, began from the same models)."""
         return {"sft_start": next(iter(self.starts.values())),
-                "sft_starts": {str(s): st for s, st in self.starts.items()}, "start_per_seed": True}
+                "sft_starts": {str(s): st for s, st in self.starts.items()}, "start_per_seed": True,
+                "sft_start_sha256": {str(s): h for s, h in self.weights.items()}}
 
     def describe(self) -> str:
         t = self.table
@@ -112,4 +118,5 @@ def seed_starts(base: RLExperimentConfig, seeds, run_path, *, cache_root, worker
                           for s, st in starts.items()]).set_index("seed")
     learned = bool((table["the rest"] >= START_REST_MIN).all()
                    and (table["p(right digit) at the forks"] <= START_FORK_P_MAX).all())
-    return SeedStarts(dirs, starts, table, learned, time.perf_counter() - clock)
+    weights = {s: results[f"start/seed={s}"].get("weights_sha256") for s in seeds}
+    return SeedStarts(dirs, starts, table, learned, time.perf_counter() - clock, weights)
