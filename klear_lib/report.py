@@ -462,6 +462,7 @@ def _differs_text(run: "RunInfo", limit: int = 6) -> str:
     return ", ".join(items[:limit]) + more
 
 
+FRAGILE_HTML = ('<br><span class="meta">below the MDE: a rerun may not repeat this verdict</span>')
 CLAIM_COLUMNS = ("notebook", "role", "claim", "source", "metric", "effect", "95% interval", "p", "MDE", "seeds",
                  "verdict for the stand-in", "what the stand-in can and cannot show")
 CHECK_COLUMNS = ("notebook", "check", "metric", "measured", "result", "what it checks")
@@ -490,8 +491,19 @@ def claim_rows(latest: Mapping[str, "RunInfo"]) -> list[dict]:
         except ValueError as err:
             warnings.warn(f"report: skipping the claims of {run.run_dir}: {err}")
             continue
-        out += [{**c, "notebook": nb, "preset": run.preset} for c in found]
+        own_starts = bool(run.summary.get("start_per_seed"))
+        out += [{**c, "notebook": nb, "preset": run.preset, "start_per_seed": own_starts} for c in found]
     return sorted(out, key=lambda c: ROLE_ORDER[c["role"]])  # stable: notebook order within a role
+
+
+def below_mde(r: Mapping) -> bool:
+    """A decided claim (``reproduced`` / ``reversed``) whose effect is smaller than its MDE: the run had under 80%
+    power for an effect of the size it saw, so a rerun on other noise (another machine trains other starts) may not
+    repeat the verdict. Across two machine instances, 2 of the 3 verdicts that moved were of this kind
+    (``docs/results.md``, 2026-12-04)."""
+    mde = r.get("mde")
+    return (r.get("verdict") in ("reproduced", "reversed") and isinstance(mde, (int, float))
+            and math.isfinite(mde) and abs(r["effect"]) < mde)
 
 
 def untested_rows(latest: Mapping[str, "RunInfo"], params_folder: str | os.PathLike | None = None) -> list[dict]:
@@ -607,7 +619,10 @@ def claims_html(latest: Mapping[str, "RunInfo"]) -> str:
             f'<td>{_e(r["metric"])}</td><td class="num">{_e(_signed(r["effect"]))}</td>'
             f'<td class="num">{_e(interval)}</td><td class="num">{_e(_num(p, 2))}'
             f'{" (Holm)" if r["role"] == "secondary" else ""}</td><td class="num">{_e(_mde_text(r))}</td>'
-            f'{_td(r["seeds"])}<td>{_badge(r["verdict"])} {_e(VERDICT_TEXT[r["verdict"]])}</td>'
+            f'<td class="num">{_e(_fmt(r["seeds"]))}<br><span class="meta">'
+            f'{"a start each" if r.get("start_per_seed") else "one start"}</span></td>'
+            f'<td>{_badge(r["verdict"])} {_e(VERDICT_TEXT[r["verdict"]])}'
+            f'{FRAGILE_HTML if below_mde(r) else ""}</td>'
             f'<td class="meta">{_e(r.get("scope", ""))}</td></tr>')
     check_rows = []
     for r in checks:
@@ -648,6 +663,14 @@ def claims_html(latest: Mapping[str, "RunInfo"]) -> str:
              "effects and verdicts can move with it (<code>docs/results.md</code>). "
              f"{len(checks)} checks (positive controls, pipeline checks, the noise floor) "
              "are listed apart and not counted.</p>")
+    fragile = [r for r in tested if below_mde(r)]
+    if fragile:
+        one = len(fragile) == 1
+        tally += (f"<p>{len(fragile)} of the {sum(r['verdict'] != 'inconclusive' for r in tested)} decided verdicts "
+                  f"{'is' if one else 'are'} smaller than {'its' if one else 'their'} MDE (marked <i>below the "
+                  "MDE</i>): the run had under 80% power for an effect of that size, so a rerun on other noise, "
+                  f"another machine's starts included, may not repeat {'it' if one else 'them'}. Quote "
+                  f"{'it' if one else 'them'} with the interval, not alone.</p>")
     untested = untested_rows(latest)
     if untested:
         tally += (f"<p>{len(untested)} declared claims were not tested by these runs, each listed below with why "

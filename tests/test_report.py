@@ -292,6 +292,39 @@ def test_the_report_opens_with_every_claim_and_its_verdict_and_marks_smoke_runs(
     assert '<span class="badge ran">ran</span>' in html and '<span class="badge ok">' not in html
 
 
+def test_a_verdict_smaller_than_its_mde_is_marked_and_counted_and_the_seeds_say_whose_starts(tmp_path):
+    from klear_lib import claims
+
+    seeds = range(6)
+    # paired differences 0.02 x5 and 0.06: mean 1.63 sd, above the t-test's 1.05 sd at 6 seeds (reproduced: every
+    # sign positive, p 0.031) and below the rule's MDE, 1.80 sd
+    near = claims.paired_claim("near", "a claim at the edge", "Fig. 1", "auc",
+                               {s: 0.5 + (0.06 if s == 5 else 0.02) for s in seeds}, {s: 0.5 for s in seeds})
+    clear = claims.paired_claim("clear", "a clear claim", "Fig. 2", "auc", {s: 0.6 + 0.01 * s for s in seeds},
+                                {s: 0.5 for s in seeds}, role="secondary")
+    flat = claims.paired_claim("flat", "a null claim", "Fig. 3", "auc", {s: 0.5 + 0.01 * (s % 2) for s in seeds},
+                               {s: 0.5 + 0.01 * ((s + 1) % 2) for s in seeds})
+    assert near["verdict"] == "reproduced" and abs(near["effect"]) < near["mde"]
+    assert clear["verdict"] == "reproduced" and clear["effect"] > clear["mde"]
+    assert flat["verdict"] == "inconclusive"
+    assert [report.below_mde(c) for c in (near, clear, flat)] == [True, False, False]
+    make_run(tmp_path, "03_rl", "20250101-120000", summary={"claims": [near], "start_per_seed": True})
+    make_run(tmp_path, "06_alpha", "20250101-120000", summary={"claims": claims.finalize([flat, clear])})
+    html = report.render_report(tmp_path).read_text()
+    part = html[html.index("<h2>Claims</h2>"):html.index("<h2>Overview</h2>")]
+    assert "1 of the 2 decided verdicts is smaller than its MDE" in part and "may not repeat it." in part
+    rows = {cid: part[part.index(f'<span class="meta">{cid}</span>'):] for cid in ("near", "clear", "flat")}
+    rows = {cid: row[:row.index("</tr>")] for cid, row in rows.items()}
+    assert report.FRAGILE_HTML in rows["near"]
+    assert report.FRAGILE_HTML not in rows["clear"] and report.FRAGILE_HTML not in rows["flat"]
+    assert "a start each" in rows["near"] and "one start" in rows["clear"] and "one start" in rows["flat"]
+    # no decided verdict below its MDE: no such paragraph
+    make_run(tmp_path, "03_rl", "20250102-120000", summary={"claims": [clear | {"role": "primary"}]})
+    make_run(tmp_path, "06_alpha", "20250102-120000", summary={"claims": [flat]})
+    part = report.render_report(tmp_path).read_text()
+    assert "smaller than" not in part and report.FRAGILE_HTML not in part
+
+
 def _declare(folder, nb, entries):
     lines = []
     for cid, role, requires in entries:
