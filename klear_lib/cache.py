@@ -36,12 +36,23 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(*paths: Path) -> str:
+    """sha256 of the files ``paths`` read one after the other as one stream (of one file: its own sha256)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
     return h.hexdigest()
+
+
+def weights_sha256(folder: Path) -> str:
+    """sha256 of a saved model's weights: its ``*.safetensors`` files read in name order as one stream (an unsharded
+    model: the sha256 of its ``model.safetensors``; a sharded one: of its shards one after the other)."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {folder}")
+    return file_sha256(*files)
 
 
 def file_table(folder: Path) -> dict[str, dict]:

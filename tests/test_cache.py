@@ -153,3 +153,20 @@ def test_the_folder_of_a_build_killed_midway_is_removed_by_the_next_build(tmp_pa
     live.mkdir()
     ensure(tmp_path, Builder())
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["k1", live.name])
+
+
+def test_the_weights_digest_reads_every_shard_in_name_order_and_names_a_folder_without_weights(tmp_path):
+    import hashlib
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"second")
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"first")
+    assert cache.weights_sha256(tmp_path) == hashlib.sha256(b"firstsecond").hexdigest()
+    single = tmp_path / "single"
+    single.mkdir()
+    (single / "model.safetensors").write_bytes(b"w" * 3_000_000)  # several read blocks
+    assert cache.weights_sha256(single) == hashlib.sha256(b"w" * 3_000_000).hexdigest()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors weights in .*empty"):
+        cache.weights_sha256(empty)

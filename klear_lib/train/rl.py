@@ -753,13 +753,12 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
     upr = cfg.updates_per_rollout
     report_to = getattr(cfg, "report_to", "none")
     tracking = contextlib.ExitStack()
+    tracker_inside = report_to != "none" and tracking_dir is None  # launch.py: beside the checkpoints
     if output_dir is None:  # a scratch folder for the trainer, removed after the run unless the tracker writes in it
-        if report_to != "none" and tracking_dir is None:
-            output_dir = tempfile.mkdtemp(prefix="klear-rl-")
-        else:
-            output_dir = tracking.enter_context(tempfile.TemporaryDirectory(prefix="klear-rl-"))
+        output_dir = (tempfile.mkdtemp(prefix="klear-rl-") if tracker_inside
+                      else tracking.enter_context(tempfile.TemporaryDirectory(prefix="klear-rl-")))
     output_dir = str(output_dir)
-    if report_to != "none" and tracking_dir is None:  # launch.py: beside the checkpoints, named after their folder
+    if tracker_inside:  # named after the checkpoints' folder
         tracking_dir = os.path.join(output_dir, "tracking")
     args = GRPOConfig(
         output_dir=output_dir,

@@ -46,13 +46,13 @@ def start_unit(*, config: dict, cache_root: str, out_dir: str, tags: dict, metri
     ``arithmetic_warm_start`` into the cache under ``cache_root`` (trained there once per key, as the notebooks'
     own calls do), its record in ``out_dir/sft_start.json``. Returns the model's folder, the start's held-out
     evaluation and the sha256 of its weights (two runs' starts are bit-identical where these agree), with ``tags``."""
-    from klear_lib.cache import file_sha256
+    from klear_lib.cache import weights_sha256
     from klear_lib.train.sft import arithmetic_warm_start
 
     ws = arithmetic_warm_start(RLExperimentConfig.from_params(config), out_dir, cache_root=cache_root,
                                progress=lambda *_: None)
     return {"model_dir": str(ws.sft_dir), "start": ws.start,
-            "weights_sha256": file_sha256(Path(ws.sft_dir) / "model.safetensors"), **tags}
+            "weights_sha256": weights_sha256(Path(ws.sft_dir)), **tags}
 
 
 # A start learned its teacher (who answers every non-fork problem right and gives the right digit at a fork with p
@@ -67,7 +67,7 @@ STARTS_CRITERION = (f"every seed's SFT start answers >= {START_REST_MIN:.0%} of 
 class SeedStarts:
     """One SFT start per seed: ``dirs[s]`` the model's folder, ``starts[s]`` its held-out evaluation
     (``WarmStart.start``), ``table`` one row per seed, ``learned`` the check of ``STARTS_CRITERION``, ``weights[s]``
-    the sha256 of its ``model.safetensors``."""
+    the sha256 of its weights (``cache.weights_sha256``)."""
 
     dirs: dict
     starts: dict
