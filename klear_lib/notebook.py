@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from klear_lib import claims as claims_mod
+from klear_lib import presets as presets_mod
 from klear_lib import runs
 
 OUTPUT_ROOT_ENV = "KLEAR_OUTPUT_ROOT"
@@ -83,21 +84,19 @@ def identify_preset(name: str, namespace: Mapping[str, Any], presets_dir: str | 
     """Which preset of notebook ``name`` the parameter values in ``namespace`` are.
 
     Every preset sets every parameter (tests/test_presets.py), so a run is preset P when each of P's values equals
-    the run's (``cli.same_value``; the ``HOW_IT_RUNS`` keys aside). Returns ``{"preset": P | "custom" | None,
+    the run's (``presets.same_value``; the ``HOW_IT_RUNS`` keys aside). Returns ``{"preset": P | "custom" | None,
     "nearest": the preset with the fewest differences, "differs": {key: {"run": value, "preset": value}} against
     it, "params": the run's values of the preset keys}``; ``preset`` is None when there are no presets to compare
     with (``presets_dir`` defaults to the checkout's ``params/``)."""
-    from klear_lib import cli
-
     folder = Path(presets_dir) if presets_dir is not None else params_dir()
-    presets = cli.list_presets(name, folder) if folder is not None else []
+    presets = presets_mod.list_presets(name, folder) if folder is not None else []
     if not presets:
         return {"preset": None, "nearest": None, "differs": {}, "params": {}}
-    loaded = {p: cli.load_params(name, p, params_dir=folder) for p in presets}
+    loaded = {p: presets_mod.load_params(name, p, params_dir=folder) for p in presets}
     keys = list(dict.fromkeys(k for values in loaded.values() for k in values))
     values = {k: namespace[k] for k in keys if k in namespace}
     differs = {p: {k: {"run": values.get(k), "preset": v} for k, v in preset.items()
-                   if k not in HOW_IT_RUNS and not cli.same_value(values.get(k), v)}
+                   if k not in HOW_IT_RUNS and not presets_mod.same_value(values.get(k), v)}
                for p, preset in loaded.items()}
     nearest = min(presets, key=lambda p: len(differs[p]))  # presets in the project's order: smoke wins ties
     return {"preset": nearest if not differs[nearest] else "custom", "nearest": nearest,

@@ -184,7 +184,6 @@ def _failing(row: Mapping) -> bool:
     return str(row.get("status", "")).lower() in _FAILING
 
 
-STATUS_FILE = "status.json"  # written by `klear run` (klear_lib.cli) when a run is interrupted or fails
 RUN_STAMP = re.compile(r"\d{8}-\d{6}(-\d+)?")  # runs.create_run_dir's folder names
 
 
@@ -253,7 +252,7 @@ def read_run(run_dir: str | os.PathLike, reproduce_row: Mapping | None = None) -
     config = loaded.get(runs.CONFIG_FILE, {})
     summary = loaded.get(runs.SUMMARY_FILE, {})
     error = _notebook_error(notebook) if isinstance(notebook, dict) else None
-    recorded, _ = _read_json(run_dir / STATUS_FILE)
+    recorded, _ = _read_json(run_dir / runs.STATUS_FILE)
     recorded = recorded if isinstance(recorded, dict) else {}
     if recorded.get("status") == "interrupted":
         status, error = "interrupted", _status_text(recorded)

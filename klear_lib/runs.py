@@ -51,6 +51,7 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 NOTEBOOK_FILE = "notebook.ipynb"  # written by `klear run`, not by the notebook itself
 PARAMS_FILE = "params.json"  # written by `klear run` before it executes the notebook
+STATUS_FILE = "status.json"  # written by `klear run` (klear_lib.runner) when a run is interrupted or fails
 PRESET_FILE = "preset.json"  # which preset the run's parameters are, however it was launched (write_preset_record)
 
 # What every run directory holds, however it was run. A run through `klear run` also holds NOTEBOOK_FILE:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from klear_lib import claims
+from klear_lib import claims, presets
 
 # Student-t quantiles from a printed table, to its precision (two-sided 95%: q 0.975; one-sided 80%: q 0.8)
 T_TABLE = {(0.975, 1): (12.7062, 1e-4), (0.975, 2): (4.3027, 1e-4), (0.975, 3): (3.1824, 1e-4),
@@ -383,7 +383,6 @@ def test_made_keeps_the_claims_whose_requirements_the_parameters_meet(tmp_path):
 def test_every_preset_makes_its_primary_claim_and_requires_name_notebook_parameters():
     """The notebooks finalize against `claims.made` (each claim's `requires`): every required parameter is one of
     the notebook's, and every preset (its values over the notebook's defaults) makes the primary claim."""
-    from klear_lib import cli
 
     root = Path(__file__).resolve().parents[1]
     seen = 0
@@ -391,13 +390,13 @@ def test_every_preset_makes_its_primary_claim_and_requires_name_notebook_paramet
         if not (folder / "claims.yaml").is_file():
             continue
         declared = claims.load_declared(folder / "claims.yaml")
-        defaults = {k: v["default"] for k, v in cli.notebook_parameters(root / "notebooks" / f"{folder.name}.ipynb")
+        defaults = {k: v["default"] for k, v in presets.notebook_parameters(root / "notebooks" / f"{folder.name}.ipynb")
                     .items()}
         required = {k for d in declared.values() for k in d.get("requires", {})}
         assert required <= set(defaults), (folder.name, required - set(defaults))
         primary = {i for i, d in declared.items() if d["role"] == "primary"}
         for preset in sorted(p.stem for p in folder.glob("*.yaml") if p.stem != "claims"):
-            params = {**defaults, **cli.load_params(folder.name, preset, params_dir=root / "params")}
+            params = {**defaults, **presets.load_params(folder.name, preset, params_dir=root / "params")}
             assert primary <= set(claims.made(declared, params, where=f"{folder.name} at {preset}")), preset
             seen += 1
     assert seen >= 20  # 7 notebooks x 3-4 presets

@@ -15,7 +15,7 @@ import sys
 import nbformat
 import pytest
 
-from klear_lib import cli, runs
+from klear_lib import cli, presets, runs
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 NB_DIR = FIXTURES / "nb"
@@ -31,7 +31,7 @@ def run_dirs(root: pathlib.Path, name: str) -> list[pathlib.Path]:
 
 
 def test_overrides_are_typed_as_yaml():
-    assert cli.parse_overrides(["seed=2", "lr=1e-4", "name=abc", "beta=0.28", "flag=true", "empty=", "s='2'"]) == {
+    assert presets.parse_overrides(["seed=2", "lr=1e-4", "name=abc", "beta=0.28", "flag=true", "empty=", "s='2'"]) == {
         "seed": 2,
         "lr": 1e-4,
         "name": "abc",
@@ -40,41 +40,42 @@ def test_overrides_are_typed_as_yaml():
         "empty": None,
         "s": "2",
     }
-    assert type(cli.parse_value("1e-4")) is float and cli.parse_value("-3E2") == -300.0
-    assert cli.parse_value("1_000") == 1000 and cli.parse_value("v1e3") == "v1e3"
-    assert cli.parse_overrides(["seed=1", "seed=3"]) == {"seed": 3}  # the later one wins
+    assert type(presets.parse_value("1e-4")) is float and presets.parse_value("-3E2") == -300.0
+    assert presets.parse_value("1_000") == 1000 and presets.parse_value("v1e3") == "v1e3"
+    assert presets.parse_overrides(["seed=1", "seed=3"]) == {"seed": 3}  # the later one wins
     for bad in ["noequals", "=3", "not-an-id=1"]:
-        with pytest.raises(cli.KlearError, match="key=value"):
-            cli.parse_overrides([bad])
+        with pytest.raises(presets.KlearError, match="key=value"):
+            presets.parse_overrides([bad])
 
 
 def test_load_params_merges_preset_and_overrides():
-    assert cli.load_params("99_dummy", "tiny", params_dir=PARAMS_DIR) == {"x": 5, "lr": 1e-3, "name": "tiny run"}
-    merged = cli.load_params("99_dummy", "tiny", ["x=7", "seed=2"], params_dir=PARAMS_DIR)
+    assert presets.load_params("99_dummy", "tiny", params_dir=PARAMS_DIR) == {"x": 5, "lr": 1e-3, "name": "tiny run"}
+    merged = presets.load_params("99_dummy", "tiny", ["x=7", "seed=2"], params_dir=PARAMS_DIR)
     assert merged == {"x": 7, "lr": 1e-3, "name": "tiny run", "seed": 2}
-    assert cli.load_params("99_dummy", "smoke", {"lr": 0.5}, params_dir=PARAMS_DIR) == {"x": 3, "seed": 0, "lr": 0.5}
-    with pytest.raises(cli.KlearError, match="flat scalars"):
-        cli.load_params("99_dummy", "smoke", ["x=[1, 2]"], params_dir=PARAMS_DIR)
+    smoke = presets.load_params("99_dummy", "smoke", {"lr": 0.5}, params_dir=PARAMS_DIR)
+    assert smoke == {"x": 3, "seed": 0, "lr": 0.5}
+    with pytest.raises(presets.KlearError, match="flat scalars"):
+        presets.load_params("99_dummy", "smoke", ["x=[1, 2]"], params_dir=PARAMS_DIR)
 
 
 def test_unknown_preset_lists_the_presets(capsys):
-    with pytest.raises(cli.KlearError, match=r"no preset 'huge' for 99_dummy; its presets: smoke, tiny"):
-        cli.load_params("99_dummy", "huge", params_dir=PARAMS_DIR)
+    with pytest.raises(presets.KlearError, match=r"no preset 'huge' for 99_dummy; its presets: smoke, tiny"):
+        presets.load_params("99_dummy", "huge", params_dir=PARAMS_DIR)
     assert cli.main(["run", "99_dummy", "--preset", "huge", *DIRS]) == 2
     assert "its presets: smoke, tiny" in capsys.readouterr().err
 
 
 def test_validate_params_names_key_source_and_valid_keys():
     valid = ["run_dir", "x", "seed"]
-    cli.validate_params({"x": 1, "seed": 2}, valid)
-    with pytest.raises(cli.KlearError) as err:
-        cli.validate_params({"x": 1, "sed": 2}, valid, notebook="nb", sources={"sed": "-p"})
+    presets.validate_params({"x": 1, "seed": 2}, valid)
+    with pytest.raises(presets.KlearError) as err:
+        presets.validate_params({"x": 1, "sed": 2}, valid, notebook="nb", sources={"sed": "-p"})
     msg = str(err.value)
     assert "'sed' (from -p)" in msg and "did you mean 'seed'" in msg and "x, seed" in msg
-    with pytest.raises(cli.KlearError, match="set by klear"):
-        cli.validate_params({"run_dir": "/x"}, valid)
-    with pytest.raises(cli.KlearError, match="declares no 'run_dir'"):
-        cli.validate_params({}, ["x"])
+    with pytest.raises(presets.KlearError, match="set by klear"):
+        presets.validate_params({"run_dir": "/x"}, valid)
+    with pytest.raises(presets.KlearError, match="declares no 'run_dir'"):
+        presets.validate_params({}, ["x"])
 
 
 def test_unknown_key_from_yaml_or_p_is_reported_with_its_source(tmp_path, capsys):
@@ -97,11 +98,11 @@ def test_unknown_key_from_yaml_or_p_is_reported_with_its_source(tmp_path, capsys
 def test_resolve_notebook_by_name_suffix_prefix_and_path():
     expected = (NB_DIR / "99_dummy.ipynb").resolve()
     for spec in ["99_dummy", "99_dummy.ipynb", "99", str(NB_DIR / "99_dummy.ipynb")]:
-        assert cli.resolve_notebook(spec, NB_DIR) == expected
-    with pytest.raises(cli.KlearError, match="several notebooks: 96_checked, 97_no_run_dir, 98_fails, 99_dummy"):
-        cli.resolve_notebook("9", NB_DIR)
-    with pytest.raises(cli.KlearError, match="notebooks: 96_checked, 97_no_run_dir, 98_fails, 99_dummy"):
-        cli.resolve_notebook("42_nope", NB_DIR)
+        assert presets.resolve_notebook(spec, NB_DIR) == expected
+    with pytest.raises(presets.KlearError, match="several notebooks: 96_checked, 97_no_run_dir, 98_fails, 99_dummy"):
+        presets.resolve_notebook("9", NB_DIR)
+    with pytest.raises(presets.KlearError, match="notebooks: 96_checked, 97_no_run_dir, 98_fails, 99_dummy"):
+        presets.resolve_notebook("42_nope", NB_DIR)
 
 
 def test_list_shows_notebooks_and_presets(capsys):

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from klear_lib import cli
+from klear_lib import cli, runner
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "results.md")]
@@ -31,8 +31,8 @@ def test_the_docs_show_klear_run_commands():
 @pytest.mark.parametrize("text", _commands())
 def test_a_documented_klear_run_command_resolves_as_written(text):
     args = cli.build_parser().parse_args(shlex.split(text)[1:])
-    layout = cli.Layout.from_args(args)
-    notebook, name, params = cli._resolve(args.notebook, args.preset, args.param or [], layout, dry_run=True)
+    layout = runner.Layout.from_args(args)
+    notebook, name, params = runner.resolve(args.notebook, args.preset, args.param or [], layout, dry_run=True)
     assert notebook.is_file() and name == notebook.stem
     for item in args.param or []:
         key = item.split("=", 1)[0]

@@ -22,7 +22,7 @@ import urllib.request
 import nbformat
 import pytest
 
-from klear_lib import cli, lab
+from klear_lib import cli, lab, runner
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 jupytext = pytest.importorskip("jupytext")
@@ -131,9 +131,9 @@ def test_each_notebook_is_one_entry(checkout):
 
 
 def test_a_quick_run_opens_a_prepared_copy_outside_the_tracked_files(checkout):
-    layout = cli.Layout(repo_root=checkout, notebooks_dir=checkout / "notebooks", params_dir=checkout / "params",
+    layout = runner.Layout(repo_root=checkout, notebooks_dir=checkout / "notebooks", params_dir=checkout / "params",
                         output_root=checkout / "outputs")
-    nb, name, params = cli._resolve("03", "smoke", ["seeds=0"], layout)
+    nb, name, params = runner.resolve("03", "smoke", ["seeds=0"], layout)
     copy = lab.prepare_copy(nb, name, "smoke", params, layout.output_root)
     assert copy == checkout / "outputs" / "lab" / "03_rl_clip_variants.smoke.ipynb"
     cells = nbformat.read(copy, as_version=4).cells

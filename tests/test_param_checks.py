@@ -1,5 +1,5 @@
 """Every numeric parameter of every notebook is checked before work: `klear run`'s dry run (the notebook's
-`config`-tagged cells on the parameters, klear_lib.cli.dry_run_config) refuses a value out of range and names the
+`config`-tagged cells on the parameters, klear_lib.presets.dry_run_config) refuses a value out of range and names the
 parameter, so that `-p workers=0` fails in a second, not after minutes in the first unit. The same cells run first
 under papermill and in JupyterLab, so the checks hold however the notebook is launched."""
 
@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from klear_lib import cli
+from klear_lib import cli, presets
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("0[1-9]_*.ipynb"))
@@ -18,7 +18,7 @@ ZERO_OK = {"07_evaluation": {"n", "limit", "top_k", "seed", }, "05_code_reward":
 
 
 def _numeric(nb: pathlib.Path) -> dict:
-    tiny = cli.load_params(nb.stem, "tiny", params_dir=ROOT / "params")
+    tiny = presets.load_params(nb.stem, "tiny", params_dir=ROOT / "params")
     return {k: v for k, v in tiny.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
@@ -33,9 +33,9 @@ def test_every_training_notebook_has_numeric_parameters():
 
 @pytest.mark.parametrize("nb,key,bad", CASES, ids=lambda x: getattr(x, "stem", str(x)))
 def test_a_value_out_of_range_is_refused_by_the_dry_run_naming_its_parameter(nb, key, bad):
-    tiny = cli.load_params(nb.stem, "tiny", params_dir=ROOT / "params")
-    with pytest.raises(cli.KlearError) as err:
-        cli.dry_run_config(nb, {**tiny, key: bad})
+    tiny = presets.load_params(nb.stem, "tiny", params_dir=ROOT / "params")
+    with pytest.raises(presets.KlearError) as err:
+        presets.dry_run_config(nb, {**tiny, key: bad})
     # 07 hands `temperature` to the config's eval_temperature: the message names that field
     assert key in str(err.value) or (key, nb.stem) == ("temperature", "07_evaluation"), str(err.value)
 
@@ -43,7 +43,7 @@ def test_a_value_out_of_range_is_refused_by_the_dry_run_naming_its_parameter(nb,
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
 def test_the_tiny_and_smoke_presets_pass_the_dry_run(nb):
     for preset in ("tiny", "smoke"):
-        cli.dry_run_config(nb, cli.load_params(nb.stem, preset, params_dir=ROOT / "params"))
+        presets.dry_run_config(nb, presets.load_params(nb.stem, preset, params_dir=ROOT / "params"))
 
 
 def test_workers_zero_is_refused_by_klear_run_before_a_kernel_starts(tmp_path, capsys):

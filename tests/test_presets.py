@@ -12,11 +12,11 @@ import re
 import pytest
 import yaml
 
-from klear_lib import claims, cli
+from klear_lib import claims, presets
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-PRESETS = [(nb, preset) for nb in NOTEBOOKS for preset in cli.list_presets(nb.stem, ROOT / "params")]
+PRESETS = [(nb, preset) for nb in NOTEBOOKS for preset in presets.list_presets(nb.stem, ROOT / "params")]
 SCALE_KEYS = {
     "model", "n_train", "n_heldout", "sft_epochs", "sft_lr", "sft_batch_size", "rollouts", "rollout_prompts",
     "mini_batch_prompts", "num_generations", "max_completion_length", "rl_lr", "eval_every", "eval_n",
@@ -50,20 +50,20 @@ def test_there_are_notebooks():
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_notebook_has_smoke_and_tiny(nb):
-    assert {"smoke", "tiny"} <= set(cli.list_presets(nb.stem, ROOT / "params"))
+    assert {"smoke", "tiny"} <= set(presets.list_presets(nb.stem, ROOT / "params"))
 
 
 @pytest.mark.parametrize("nb,preset", PRESETS, ids=lambda x: getattr(x, "stem", x))
 def test_preset_keys_are_notebook_parameters(nb, preset):
-    params = cli.load_params(nb.stem, preset, params_dir=ROOT / "params")
-    cli.validate_params(params, cli.notebook_parameters(nb), notebook=nb.stem)
+    params = presets.load_params(nb.stem, preset, params_dir=ROOT / "params")
+    presets.validate_params(params, presets.notebook_parameters(nb), notebook=nb.stem)
 
 
 @pytest.mark.parametrize("nb,preset", [(nb, p) for nb, p in PRESETS if p in ("gpu", "paper")],
                          ids=lambda x: getattr(x, "stem", x))
 def test_gpu_presets_change_only_scale_keys(nb, preset):
-    params = cli.load_params(nb.stem, preset, params_dir=ROOT / "params")
-    tiny = cli.load_params(nb.stem, "tiny", params_dir=ROOT / "params")
+    params = presets.load_params(nb.stem, preset, params_dir=ROOT / "params")
+    tiny = presets.load_params(nb.stem, "tiny", params_dir=ROOT / "params")
     changed = {k for k, v in params.items() if tiny[k] != v}
     lists, counts = BUDGET_LISTS.get(nb.stem, set()), BUDGET_COUNTS.get(nb.stem, set())
     flags = BUDGET_FLAGS.get(nb.stem, set())
@@ -82,8 +82,8 @@ def test_gpu_presets_change_only_scale_keys(nb, preset):
 def test_every_preset_sets_every_parameter(nb, preset):
     """A preset that left a parameter to the notebook's default would change when the default is edited (one save
     in JupyterLab): every preset names every parameter but run_dir."""
-    params = cli.load_params(nb.stem, preset, params_dir=ROOT / "params")
-    declared = [k for k in cli.notebook_parameters(nb) if k != cli.RUN_DIR_PARAM]
+    params = presets.load_params(nb.stem, preset, params_dir=ROOT / "params")
+    declared = [k for k in presets.notebook_parameters(nb) if k != presets.RUN_DIR_PARAM]
     assert sorted(set(declared) - set(params)) == [], f"params/{nb.stem}/{preset}.yaml lacks these parameters"
     assert list(params) == declared, f"params/{nb.stem}/{preset}.yaml: keys out of the notebook's order"
 
@@ -91,9 +91,10 @@ def test_every_preset_sets_every_parameter(nb, preset):
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_defaults_are_the_tiny_preset(nb):
     """The parameters cell says "Defaults = the `tiny` preset": an edited default (a Lab save) fails here."""
-    defaults = {k: cli.notebook_default(v) for k, v in cli.notebook_parameters(nb).items() if k != cli.RUN_DIR_PARAM}
-    tiny = cli.load_params(nb.stem, "tiny", params_dir=ROOT / "params")
-    differs = {k: (defaults[k], tiny[k]) for k in defaults if not cli.same_value(defaults[k], tiny[k])}
+    defaults = {k: presets.notebook_default(v) for k, v in presets.notebook_parameters(nb).items()
+                if k != presets.RUN_DIR_PARAM}
+    tiny = presets.load_params(nb.stem, "tiny", params_dir=ROOT / "params")
+    differs = {k: (defaults[k], tiny[k]) for k in defaults if not presets.same_value(defaults[k], tiny[k])}
     assert differs == {}, f"{nb.stem}: (notebook default, tiny preset) differ; one of them was edited"
 
 
@@ -116,22 +117,23 @@ def test_there_are_yaml_files():
 @pytest.mark.parametrize("path", YAML_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_preset_and_config_reads_alike_under_yaml_1_1(path):
     text = path.read_text(encoding="utf-8")
-    assert _typed(yaml.safe_load(text)) == _typed(cli.load_yaml_file(path))
+    assert _typed(yaml.safe_load(text)) == _typed(presets.load_yaml_file(path))
 
 
 def test_a_file_that_yaml_1_1_reads_otherwise_is_refused_naming_the_key(tmp_path):
     (tmp_path / "p.yaml").write_text("seeds: \"0\"\nsft_lr: 4e-3\n", encoding="utf-8")
-    with pytest.raises(cli.KlearError, match=r"p\.yaml: sft_lr is the str '4e-3' under YAML 1\.1 .* but the float "
+    with pytest.raises(presets.KlearError, match=r"p\.yaml: sft_lr is the str '4e-3' under YAML 1\.1 .* but the float "
                                              r"0\.004 under klear's reader; write 0\.004"):
-        cli.load_yaml_file(tmp_path / "p.yaml", like_yaml_1_1=True)
+        presets.load_yaml_file(tmp_path / "p.yaml", like_yaml_1_1=True)
     (tmp_path / "c.yaml").write_text("run:\n  lrs: [1.0e-4, 1e-5]\n", encoding="utf-8")
-    with pytest.raises(cli.KlearError, match=r"run\.lrs\[1\] is the str '1e-5'.*write 1\.0e-05"):
-        cli.load_yaml_file(tmp_path / "c.yaml", like_yaml_1_1=True)
-    assert cli.load_yaml_file(tmp_path / "c.yaml") == {"run": {"lrs": [1e-4, 1e-5]}}  # launch configs: lenient
+    with pytest.raises(presets.KlearError, match=r"run\.lrs\[1\] is the str '1e-5'.*write 1\.0e-05"):
+        presets.load_yaml_file(tmp_path / "c.yaml", like_yaml_1_1=True)
+    assert presets.load_yaml_file(tmp_path / "c.yaml") == {"run": {"lrs": [1e-4, 1e-5]}}  # launch configs: lenient
     (tmp_path / "params" / "nb").mkdir(parents=True)
     (tmp_path / "params" / "nb" / "tiny.yaml").write_text("lr: 1e-3\n", encoding="utf-8")
-    with pytest.raises(cli.KlearError, match=r"tiny\.yaml: lr is the str '1e-3'"):  # a preset, as klear run reads it
-        cli.load_params("nb", "tiny", params_dir=tmp_path / "params")
+    # a preset, as klear run reads it
+    with pytest.raises(presets.KlearError, match=r"tiny\.yaml: lr is the str '1e-3'"):
+        presets.load_params("nb", "tiny", params_dir=tmp_path / "params")
 
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "klear_lib" / "cli.py"]
@@ -143,7 +145,7 @@ def test_every_p_example_in_the_docs_reads_alike_under_yaml_1_1():
                 if not any(mark in value for mark in ("...", "$", "<"))]  # placeholders, not values
     assert len(examples) >= 6, examples
     differ = [(doc, f"{key}={value}") for doc, key, value in examples
-              if _typed(yaml.safe_load(value)) != _typed(cli.parse_value(value))]
+              if _typed(yaml.safe_load(value)) != _typed(presets.parse_value(value))]
     assert differ == []
 
 
@@ -199,7 +201,7 @@ def test_undecidable_finds_the_secondaries_below_the_sign_flip_floor():
     (p.stem, preset)
     for p in NOTEBOOKS if (ROOT / "params" / p.stem / "claims.yaml").exists()
     for preset in ("tiny", "gpu") if (ROOT / "params" / p.stem / f"{preset}.yaml").exists()
-    and "seeds" in cli.load_params(p.stem, preset, params_dir=ROOT / "params")])
+    and "seeds" in presets.load_params(p.stem, preset, params_dir=ROOT / "params")])
 def test_every_claim_of_the_tiny_and_gpu_presets_can_be_decided_at_their_seeds(nb, preset):
-    assert undecidable(nb, cli.load_params(nb, preset, params_dir=ROOT / "params"),
+    assert undecidable(nb, presets.load_params(nb, preset, params_dir=ROOT / "params"),
                        claims.load_declared(ROOT / "params" / nb / "claims.yaml")) == []

@@ -11,6 +11,7 @@ import pathlib
 import pytest
 
 from klear_lib import cli, notebook, report, runs
+from klear_lib import presets as presets_mod
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "identity"
 DIRS = ["--notebooks-dir", str(FIXTURES / "nb"), "--params-dir", str(FIXTURES / "params")]
@@ -45,8 +46,8 @@ def test_the_shipped_presets_identify_themselves():
     """(The report notebook's smoke and tiny presets are the same: its runs are not in the report.)"""
     root = pathlib.Path(__file__).resolve().parent.parent
     for folder in sorted(p for p in (root / "params").iterdir() if not p.name.startswith("00_")):
-        for preset in cli.list_presets(folder.name, root / "params"):
-            values = cli.load_params(folder.name, preset, params_dir=root / "params")
+        for preset in presets_mod.list_presets(folder.name, root / "params"):
+            values = presets_mod.load_params(folder.name, preset, params_dir=root / "params")
             assert notebook.identify_preset(folder.name, values)["preset"] == preset, (folder.name, preset)
 
 

@@ -59,7 +59,7 @@ class LaunchConfig:
 
 def load_config(path: str | os.PathLike, overrides: dict) -> tuple[RLExperimentConfig, LaunchConfig]:
     """Split the flat mapping into the two configs; an unknown key names the file and the valid keys."""
-    from klear_lib.cli import load_yaml_file
+    from klear_lib.presets import load_yaml_file
 
     raw = load_yaml_file(path) or {}
     if not isinstance(raw, dict):
@@ -171,7 +171,7 @@ def launch(cfg: RLExperimentConfig, launch_cfg: LaunchConfig, out: str | os.Path
 
 
 def main(argv=None) -> int:
-    from klear_lib.cli import parse_overrides
+    from klear_lib.presets import parse_overrides
 
     ap = argparse.ArgumentParser(prog="python -m klear_lib.train.launch", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True, help="flat YAML: RLExperimentConfig keys + LaunchConfig keys")
