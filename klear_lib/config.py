@@ -8,6 +8,7 @@ Defaults are the ``tiny`` CPU preset; the ``gpu``/``paper`` presets change only 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, fields
@@ -50,6 +51,8 @@ def _coerce(value, hint, where: str):
         return None
     for opt in options:
         if opt is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # inf passes every range check below; NaN fails none of them
+                raise ValueError(f"{where} must be a finite number, got {value!r}")
             return float(value)
         if opt in (int, str, bool) and type(value) is opt:
             return value
@@ -136,6 +139,13 @@ class TaskModelConfig:
         return from_dict(type(self), {**dataclasses.asdict(self), **changes})
 
 
+# A ceiling on rollouts a run, so that a typo (1000000000) fails before any work instead of showing an ETA of
+# centuries: Klear-Reasoner's RL runs are hundreds of steps, 100x below it. TINY_ROLLOUT_CPU_S is what one rollout
+# of notebook 03's tiny unit costs (16 CPU-s for 3 rollouts of 16 updates, docs/results.md), for the message's ETA.
+MAX_ROLLOUTS = 10_000
+TINY_ROLLOUT_CPU_S = 5.0
+
+
 @dataclass
 class RLExperimentConfig(TaskModelConfig):
     """One RL run on the tiny arithmetic task (or a hub model at the gpu preset): data, SFT, RL, evaluation."""
@@ -193,8 +203,8 @@ class RLExperimentConfig(TaskModelConfig):
     """The ERC control matched per token class (notebook 04): ``"low/fork:0.02,mid/rest:0.05,..."``, a stop
     probability per rollout-entropy bucket and fork/rest (``KlearLossConfig.random_stop_classes``)."""
     rollouts: int = 10
-    """Rollouts (generation rounds). Each makes up to rollout_prompts / mini_batch_prompts optimizer steps: one per
-    packed mini-batch of kept groups."""
+    """Rollouts (generation rounds), 1 to ``MAX_ROLLOUTS``. Each makes up to rollout_prompts / mini_batch_prompts
+    optimizer steps: one per packed mini-batch of kept groups."""
     rollout_prompts: int = 32
     """Prompts trained on per rollout, at most (Klear 128): the kept groups are capped here."""
     mini_batch_prompts: int = 4
@@ -255,6 +265,10 @@ class RLExperimentConfig(TaskModelConfig):
                                       "temperature", "n_train", "n_heldout"),
                       unit=("sft_error_rate", "fork_wrong_rate", "top_p", "eval_top_p"),
                       non_negative=("warmup_steps", "weight_decay", "max_grad_norm", "eval_temperature", "save_steps"))
+        if self.rollouts > MAX_ROLLOUTS:
+            hours = self.rollouts * TINY_ROLLOUT_CPU_S / 3600
+            raise ValueError(f"RLExperimentConfig.rollouts = {self.rollouts}: at most {MAX_ROLLOUTS} a run (at the "
+                             f"tiny preset's ~{TINY_ROLLOUT_CPU_S:g} CPU-s a rollout, ~{hours:,.0f} h a unit)")
         if self.num_generations < 2:
             raise ValueError(f"RLExperimentConfig.num_generations must be >= 2 (a group needs two responses to have "
                              f"an advantage), got {self.num_generations}")

@@ -136,9 +136,10 @@ def config_from(cls, namespace: Mapping[str, Any], **fixed: Any):
     return cls.from_params({**{k: namespace[k] for k in sorted(names) if k in namespace}, **fixed})
 
 
-def parse_list(value: Any, name: str, cast: Callable[[str], Any] = str, *, allowed=None) -> list:
+def parse_list(value: Any, name: str, cast: Callable[[str], Any] = str, *, allowed=None, minimum=None) -> list:
     """A list parameter, written as a comma-separated string (``"0,1,2"``); a single number is a one-item list
-    (``-p seeds=1`` gives the int 1). Empty items are errors, as are items ``cast`` refuses or not in ``allowed``;
+    (``-p seeds=1`` gives the int 1). Empty items are errors, as are items ``cast`` refuses, items not in
+    ``allowed`` and items below ``minimum`` (seeds: 0, as numpy refuses a negative seed only when a unit starts);
     every message names the parameter and the value."""
     if isinstance(value, bool) or value is None:
         raise ValueError(f"{name} = {value!r}: expected a comma-separated list, e.g. '0,1,2'")
@@ -157,6 +158,8 @@ def parse_list(value: Any, name: str, cast: Callable[[str], Any] = str, *, allow
         bad = [x for x in out if x not in allowed]
         if bad:
             raise ValueError(f"{name} = {value!r}: unknown {bad}; valid: {list(allowed)}")
+    if minimum is not None and any(x < minimum for x in out):
+        raise ValueError(f"{name} = {value!r}: every item must be >= {minimum}")
     if len(set(map(str, out))) != len(out):
         raise ValueError(f"{name} = {value!r}: an item is repeated")
     return out

@@ -20,6 +20,7 @@ import ast
 import contextlib
 import difflib
 import io
+import math
 import os
 import pathlib
 import re
@@ -146,14 +147,18 @@ def _first_difference(a: Any, b: Any, where: str = "") -> tuple[str, Any, Any] |
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    """`["seed=2", "lr=1e-4"]` -> `{"seed": 2, "lr": 0.0001}`; a later key wins."""
-    out = {}
+    """`["seed=2", "lr=1e-4"]` -> `{"seed": 2, "lr": 0.0001}`. A key given twice is an error (which one was meant
+    cannot be known: the last one used to win silently)."""
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key.isidentifier():
             raise KlearError(f"-p {item!r}: expected key=value with a Python identifier as key")
-        out[key] = parse_value(value)
+        if key in out:
+            raise KlearError(f"-p {key} is given twice ({given[key]!r}, then {item!r}): give each parameter once")
+        out[key], given[key] = parse_value(value), item
     return out
 
 
@@ -271,7 +276,8 @@ def check_types(params: Mapping[str, Any], declared: Mapping[str, Mapping[str, A
                 sources: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Each value against the type of its parameter's default (``notebook_parameters``): a bool for a bool, an
     int for an int, a number for a float, text for a string (a number given for a string parameter becomes its
-    text: ``-p seeds=1`` is ``"1"``). Returns the values, converted; KlearError names key, value and type."""
+    text: ``-p seeds=1`` is ``"1"``); no value may be an infinite or NaN float. Returns the values, converted;
+    KlearError names key, value and type."""
     sources = sources or {}
     out = {}
     for key, value in params.items():
@@ -293,6 +299,8 @@ def check_types(params: Mapping[str, Any], declared: Mapping[str, Mapping[str, A
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise KlearError(f"{key} = {value!r} (from {src}): expected a number like {default!r}")
             ok = float(value)
+        if isinstance(ok, float) and not math.isfinite(ok):  # `1e400` reads as inf, and inf > 0 passes range checks
+            raise KlearError(f"{key} = {value!r} (from {src}): expected a finite number")
         elif isinstance(default, str):
             if isinstance(value, bool):
                 raise KlearError(f"{key} = {value!r} (from {src}): expected text like {default!r}")

@@ -253,6 +253,38 @@ def _owning_the_run():
             os.environ[experiment.OWNER_ENV] = before
 
 
+LOCK_FILE = ".klear-run.lock"  # held (flock) by the one process running a run directory; holds its pid
+
+
+@contextlib.contextmanager
+def own_run_dir(run_dir: pathlib.Path):
+    """Make ``run_dir`` this process's for the block: an exclusive ``flock`` on ``<run_dir>/.klear-run.lock``, which
+    the kernel frees when the process ends however it ends. A second ``klear run --resume`` of the same folder is
+    refused (KlearError naming the owner's pid) before it reads or writes anything there, so only the owner ever
+    writes ``status.json`` and ``params.json`` (two resumes at once left a finished run marked ``failed``). A folder
+    that cannot be written is one line with its path."""
+    import fcntl
+
+    path = run_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise KlearError(f"cannot write in {run_dir}: {err.strerror or err}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise KlearError(f"{run_dir} is being run by another process (pid {holder}): wait for it to end, or stop "
+                             f"it, then resume: klear run --resume {run_dir}") from None
+        with contextlib.suppress(OSError):  # the pid is for the message only: a full disk does not stop the run here
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def run_notebook(
     spec: str | None,
     preset: str,
@@ -266,11 +298,12 @@ def run_notebook(
     (DiskFull, one line, when the disk filled up), RunInterrupted on Ctrl-C. ``resume``: run again into that run
     directory, with the notebook, preset and parameters its ``params.json`` recorded (``spec``, ``preset`` and
     ``overrides`` must not be given); the units of work it finished are not redone (``klear_lib.experiment``).
-    Refused (KlearError) with less than ``runs.min_free_mb()`` free on the output root."""
-    import papermill
-
+    Refused (KlearError) with less than ``runs.min_free_mb()`` free on the output root, and while another process
+    runs the same run directory (``own_run_dir``)."""
+    owner = contextlib.ExitStack()
     if resume is not None:
         _check_free_space(pathlib.Path(resume))
+        owner.enter_context(own_run_dir(pathlib.Path(resume).resolve()))  # before anything in it is touched
         run_dir, notebook, name, params, record = _resume_record(pathlib.Path(resume), layout)
         preset = record.get("preset", preset)
     else:
@@ -281,17 +314,28 @@ def run_notebook(
         except OSError as err:
             raise KlearError(f"cannot create a run directory under {layout.output_root}: "
                              f"{err.strerror or err}") from None
+        owner.enter_context(own_run_dir(run_dir))
         record = {"notebook": name, "notebook_path": str(notebook), "preset": preset, "params": params,
                   RUN_DIR_PARAM: str(run_dir), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    with owner:
+        return _execute(notebook, name, params, record, run_dir, layout, resume=resume, progress_bar=progress_bar)
+
+
+def _execute(notebook: pathlib.Path, name: str, params: Mapping[str, Any], record: dict, run_dir: pathlib.Path,
+             layout: Layout, *, resume, progress_bar: bool) -> pathlib.Path:
+    """``run_notebook`` once the run directory is this process's (``own_run_dir``): the record, then papermill."""
+    import papermill
+
     output = run_dir / runs.NOTEBOOK_FILE
     try:
         runs.write_atomic(run_dir / runs.PARAMS_FILE, runs.to_json_text(record, indent=2) + "\n")
     except OSError as err:
         what = _disk_full_what(err)
         if what is None:
-            raise
+            raise KlearError(f"cannot write {run_dir / runs.PARAMS_FILE}: {err.strerror or err}") from None
         if resume is None:
             with contextlib.suppress(OSError):
+                (run_dir / LOCK_FILE).unlink()
                 run_dir.rmdir()  # nothing was written in it
         raise DiskFull(name, run_dir, err, what, resumable=resume is not None) from None
     (run_dir / runs.STATUS_FILE).unlink(missing_ok=True)

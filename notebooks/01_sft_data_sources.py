@@ -126,10 +126,10 @@ if "defects" in CONDITIONS:
 PICKS = {"k_center": selection.k_center_pick(dim=256), "uniform": None}
 if selection_rule not in PICKS:
     raise ValueError(f"selection_rule must be one of {list(PICKS)}, got {selection_rule!r}")
-seed_list = notebook.parse_list(seeds, "seeds", int)
+seed_list = notebook.parse_list(seeds, "seeds", int, minimum=0)
 SEEDS = {"styles": seed_list}
 if "defects" in CONDITIONS:
-    SEEDS["defects"] = notebook.parse_list(defect_seeds, "defect_seeds", int)
+    SEEDS["defects"] = notebook.parse_list(defect_seeds, "defect_seeds", int, minimum=0)
 stage = SFTStageConfig.from_experiment(cfg)
 base_stage = SFTStageConfig.from_experiment(cfg, learning_rate=base_lr, epochs=base_epochs, batch_size=base_batch_size)
 run_path = notebook.start_run(NAME, run_dir, params=globals(), config={

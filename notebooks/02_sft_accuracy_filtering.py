@@ -103,7 +103,7 @@ mode_lists = {"hard": notebook.parse_list(hard_modes, "hard_modes", allowed=MODE
 for name_, modes_ in mode_lists.items():
     if not {"mixed", "only_true"} <= set(modes_):
         raise ValueError(f"{name_}_modes = {modes_!r}: every claim compares mixed with only_true; both must run")
-seed_list = notebook.parse_list(seeds, "seeds", int)
+seed_list = notebook.parse_list(seeds, "seeds", int, minimum=0)
 base_level_list = tuple(notebook.parse_list(base_levels, "base_levels", int, allowed=tasks.LEVELS))
 hardest = max(cfg.level_list)
 stage = SFTStageConfig.from_experiment(cfg)

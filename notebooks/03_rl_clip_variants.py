@@ -112,7 +112,7 @@ PANEL_ARMS = ("ppo_clip", "cispo", "gppo", "gppo_beta_low_0.5")  # the mechanism
 arm_list = notebook.parse_list(arms, "arms", allowed=ARMS)
 if not {"ppo_clip", "gppo"} <= set(arm_list):
     raise ValueError(f"arms = {arms!r}: the claims compare gppo with ppo_clip; both must run")
-seed_list = notebook.parse_list(seeds, "seeds", int)
+seed_list = notebook.parse_list(seeds, "seeds", int, minimum=0)
 base = notebook.config_from(RLExperimentConfig, globals(), sft_alpha=0.0, eval_every=rollouts, eval_start=False)
 configs = {a: base.replace(**ARMS[a]) for a in arm_list}  # validates each arm
 run_path = notebook.start_run(NAME, run_dir, params=globals(), config={

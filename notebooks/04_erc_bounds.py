@@ -112,7 +112,7 @@ ARMS = {
 arm_list = notebook.parse_list(arms, "arms", allowed=ARMS)
 if not {"dapo", ERC} <= set(arm_list):
     raise ValueError(f"arms = {arms!r}: the primary claim compares {ERC} with dapo; both must run")
-seed_list = notebook.parse_list(seeds, "seeds", int)
+seed_list = notebook.parse_list(seeds, "seeds", int, minimum=0)
 base = notebook.config_from(RLExperimentConfig, globals(), sft_alpha=0.0, eval_every=rollouts, eval_start=False)
 configs = {a: base.replace(**ARMS[a]) for a in arm_list}  # validates every arm
 CLASSES = [f"{b}/{part}" for b, *_ in ENTROPY_BUCKETS for part in ("fork", "rest")]

@@ -94,7 +94,7 @@ DECLARED = notebook.declared_claims(NAME, globals())  # the claims this run make
 base = notebook.config_from(RLExperimentConfig, globals(), loss_name="gppo", fork_facts="", eval_every=rollouts,
                             eval_start=False)
 mode_list = notebook.parse_list(reward_modes, "reward_modes", allowed=("soft", "hard", "signed"))
-seed_list = notebook.parse_list(seeds, "seeds", int)
+seed_list = notebook.parse_list(seeds, "seeds", int, minimum=0)
 if not {"soft", "hard"} <= set(mode_list):
     raise ValueError(f"reward_modes = {reward_modes!r}: the claims compare soft with hard; both must run")
 REGIMES = {"main": dict(error_rate=sft_error_rate, filter_rule="klear")}

@@ -85,7 +85,7 @@ AA_OFFSET = 1000  # the second seed stream of the A/A pair: seed s + 1000
 alpha_list = notebook.parse_list(alphas, "alphas", float)
 if not {0.0, 0.1} <= set(alpha_list):
     raise ValueError(f"alphas = {alphas!r}: the primary claim compares α 0.1 with α 0; both must run")
-seed_list = notebook.parse_list(seeds, "seeds", int)
+seed_list = notebook.parse_list(seeds, "seeds", int, minimum=0)
 base = notebook.config_from(RLExperimentConfig, globals(), loss_name="gppo", eval_every=rollouts, eval_start=False)
 configs = {f"alpha={a:g}": base.replace(sft_alpha=a) for a in alpha_list}  # validates every α (>= 0)
 if aa_stream:

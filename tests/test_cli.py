@@ -42,7 +42,8 @@ def test_overrides_are_typed_as_yaml():
     }
     assert type(presets.parse_value("1e-4")) is float and presets.parse_value("-3E2") == -300.0
     assert presets.parse_value("1_000") == 1000 and presets.parse_value("v1e3") == "v1e3"
-    assert presets.parse_overrides(["seed=1", "seed=3"]) == {"seed": 3}  # the later one wins
+    with pytest.raises(presets.KlearError, match="given twice"):  # which one was meant cannot be known
+        presets.parse_overrides(["seed=1", "seed=3"])
     for bad in ["noequals", "=3", "not-an-id=1"]:
         with pytest.raises(presets.KlearError, match="key=value"):
             presets.parse_overrides([bad])
