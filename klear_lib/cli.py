@@ -255,10 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-root", help="default: outputs")
     p.set_defaults(func=_cmd_reproduce)
     p = sub.add_parser("lab", parents=[params, dirs], help="JupyterLab at the repository; with a notebook, on a "
-                                                            "prepared copy with a preset's parameters")
+                                                            "prepared copy with a preset's parameters",
+                       epilog="Everything after `--` goes to `jupyter lab` as it is; a headless server, for example: "
+                              "klear lab 03 --preset smoke -- --no-browser --port 8890 --ip 127.0.0.1")
     p.add_argument("--output-root", help="the copies go to <output root>/lab/ (default: outputs)")
     p.add_argument("--print-command", action="store_true", help="print the jupyter command instead of running it")
-    p.set_defaults(func=_cmd_lab)  # arguments after `--` go to `jupyter lab` (e.g. -- --no-browser --port 8890)
+    p.set_defaults(func=_cmd_lab)  # arguments after `--`: main() hands them to `jupyter lab` (the epilog)
     p = sub.add_parser("report", parents=[dirs], help="gather every run under the output root into report.html")
     p.add_argument("--preset", default="tiny", help="preset of the 00_report notebook (default: tiny)")
     p.add_argument("--output-root", help="default: outputs")

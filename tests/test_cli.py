@@ -342,3 +342,17 @@ def test_ctrl_c_marks_the_run_interrupted_and_resume_finishes_it(tmp_path):
     assert not (run_dir / "status.json").exists() and report.read_run(run_dir).status == "ran"
     assert [r["step"] for r in runs.read_metrics(run_dir / "metrics.jsonl")] == [0, 1, 2]
     assert json.loads((run_dir / "params.json").read_text())["resumed"]
+
+
+def test_a_run_that_went_well_prints_no_kernel_chatter(tmp_path):
+    """Every run used to print ipykernel's "running over TCP without encryption" warning, and a run's end often
+    "KeyboardInterrupt caught in kernel" (jupyter_client interrupts a kernel before shutting it down). The kernel
+    now talks over IPC and is shut down without the interrupt; three runs, since the second line came by a race."""
+    from klear_lib import runner
+
+    assert runner.quiet_kernel_manager()().transport == "ipc"
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-m", "klear_lib.cli", "run", "99_dummy", "--preset", "smoke", *DIRS,
+                               "--output-root", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "without encryption" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr[-2000:]

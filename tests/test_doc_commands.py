@@ -31,7 +31,7 @@ def test_the_docs_show_klear_run_commands():
 @pytest.mark.parametrize("text", _commands())
 def test_a_documented_klear_run_command_resolves_as_written(text):
     args = cli.build_parser().parse_args(shlex.split(text)[1:])
-    layout = runner.Layout.from_args(args)
+    layout = cli.layout_from_args(args)
     notebook, name, params = runner.resolve(args.notebook, args.preset, args.param or [], layout, dry_run=True)
     assert notebook.is_file() and name == notebook.stem
     for item in args.param or []:
@@ -43,12 +43,13 @@ def test_a_documented_klear_run_command_resolves_as_written(text):
     ("klear params 03", ["rl_lr", "tiny", "gpu"]),  # README: every parameter with its value in each preset
     ("klear list", ["03_rl_clip_variants", "07_evaluation"]),
     ("klear --version", ["klear "]),
+    ("klear lab --help", ["-- --no-browser --port 8890"]),  # the pass-through of Jupyter's own flags
 ])
 def test_the_readmes_inspection_commands_run_as_written(text, shows, capsys):
     assert text in (ROOT / "README.md").read_text(encoding="utf-8")
     try:
         rc = cli.main(shlex.split(text)[1:])
-    except SystemExit as end:  # argparse's --version exits
+    except SystemExit as end:  # argparse's --version and --help exit
         rc = end.code
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the epilog at the terminal's width
     assert rc == 0 and all(s in out for s in shows), out[:500]

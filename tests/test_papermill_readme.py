@@ -21,21 +21,23 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 def test_the_readme_papermill_command_runs_at_smoke(tmp_path):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    [command] = re.findall(r"`(papermill notebooks/\S+ \S+ -f params/\S+/smoke\.yaml)`", readme)
+    [command] = re.findall(r"`(\.venv/bin/papermill notebooks/\S+ outputs/\S+ -f params/\S+/smoke\.yaml)`", readme)
     argv = shlex.split(command)
-    argv[0] = str(pathlib.Path(sys.executable).parent / "papermill")  # the venv's papermill, as the README means
-    # Run it as written from a folder that looks like the checkout (its notebooks and presets), so that the
-    # relative paths resolve and out.ipynb lands in that folder, not in the repository.
+    # Run it as written, word for word, from a folder that looks like the checkout (its notebooks, presets, venv and
+    # outputs/), so that the relative paths resolve and the executed copy lands there, not in the repository.
     for name in ("notebooks", "params"):
         (tmp_path / name).symlink_to(ROOT / name)
+    (tmp_path / ".venv").symlink_to(pathlib.Path(sys.executable).parent.parent)
     out_root = tmp_path / "outputs"
+    out_root.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "KLEAR_OUTPUT_ROOT": str(out_root), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("KLEAR_LAUNCHER", None)
     env.pop("KLEAR_PARAMS_DIR", None)
     proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    executed = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    executed = nbformat.read(tmp_path / argv[2], as_version=4)
+    assert argv[2].startswith("outputs/")  # not in the checkout's tracked files
     errors = [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert errors == []
     [run_dir] = sorted((out_root / "07_evaluation").iterdir())
