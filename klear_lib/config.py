@@ -8,7 +8,9 @@ Defaults are the ``tiny`` CPU preset; the ``gpu``/``paper`` presets change only 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
+import sys
 import types
 import typing
 from dataclasses import dataclass, fields
@@ -16,7 +18,6 @@ from dataclasses import dataclass, fields
 from klear_lib.data.tasks import DEFAULT_FORK_FACTS, LEVELS, parse_fork_facts
 from klear_lib.losses import PolicyLossConfig
 from klear_lib.recipe import KlearLossConfig
-from klear_lib.train.tracking import check_tracker
 
 
 def checkpointing(cfg) -> bool:
@@ -61,6 +62,15 @@ def _coerce(value, hint, where: str):
 
 
 TRACKERS = ("none", "tensorboard", "trackio", "wandb")
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb"}
+
+
+def check_tracker(report_to: str, where: str = "report_to") -> None:
+    """ValueError unless ``report_to`` is ``none`` or a tracker whose package is installed."""
+    package = TRACKER_PACKAGES.get(report_to)
+    if package is not None and importlib.util.find_spec(package) is None:
+        raise ValueError(f"{where} = {report_to!r}: {package} is not installed in this environment "
+                         f"({sys.executable}); `pip install {package}`, or report_to='none'")
 
 
 def _same_named(cfg, cls, *, skip=()) -> dict:

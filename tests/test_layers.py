@@ -114,3 +114,28 @@ def test_the_lowest_layers_import_nothing_of_klear_lib(layer, below):
 def test_nothing_in_the_library_imports_the_command_line():
     graph = import_graph()
     assert sorted(name for name, imported in graph.items() if TOP in imported) == []
+
+
+# The core: the algorithms, their configs and the run-directory contract. It must work without the trainers, the
+# executor, the notebooks' helpers, the report or the command line (a verl or TRL user imports it alone).
+CORE = ("klear_lib.losses", "klear_lib.advantages", "klear_lib.logprobs", "klear_lib.recipe", "klear_lib.config",
+        "klear_lib.runs", "klear_lib.presets", "klear_lib.claims", "klear_lib.glossary", "klear_lib.models",
+        "klear_lib.cache", "klear_lib.data.tasks", "klear_lib.data.selection", "klear_lib.evaluation.metrics")
+UPPER = ("klear_lib.train", "klear_lib.experiment", "klear_lib.runner", "klear_lib.notebook", "klear_lib.report",
+         "klear_lib.cli", "klear_lib.lab", "klear_lib.integrations")
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+@pytest.mark.parametrize("module", CORE)
+def test_the_core_reaches_no_upper_layer(module):
+    """Transitively: ``config`` once reached the trainers' package through ``train.tracking`` (``check_tracker``)."""
+    graph = import_graph()
+    assert sorted(m for m in reachable(graph, module) if m.startswith(UPPER)) == []

@@ -10,7 +10,7 @@ import tempfile
 import pytest
 import torch
 
-from klear_lib import cli, experiment, models, runs
+from klear_lib import cli, config, experiment, models, runs
 from klear_lib.config import RLExperimentConfig
 from klear_lib.data import tasks
 from klear_lib.experiment import UnitTracking
@@ -119,7 +119,7 @@ def test_an_unknown_tracker_is_refused_before_any_work():
 
 
 def test_a_tracker_that_is_not_installed_is_refused_before_any_work(monkeypatch, capsys, tmp_path):
-    monkeypatch.setitem(tracking.TRACKER_PACKAGES, "wandb", "klear_no_such_tracker_package")
+    monkeypatch.setitem(config.TRACKER_PACKAGES, "wandb", "klear_no_such_tracker_package")
     with pytest.raises(ValueError, match=r"RLExperimentConfig\.report_to = 'wandb': klear_no_such_tracker_package is "
                                          r"not installed .*`pip install klear_no_such_tracker_package`"):
         RLExperimentConfig(report_to="wandb")

@@ -16,31 +16,21 @@ the unit (``gppo/lr=0.0001/seed=0``). How this departs from transformers' defaul
   for another folder is refused. wandb runs offline (files only) unless ``WANDB_MODE`` says otherwise, keeps its
   cache in the unit's folder, and its run is closed with the unit (transformers leaves it open, and the next unit
   of the same worker process would log into it).
-- A tracker that is not installed is refused when the config is built (``check_tracker``), before any work.
+- A tracker that is not installed is refused when the config is built (``klear_lib.config.check_tracker``),
+  before any work.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
+
 # report_to -> the distribution that provides it (TensorBoard: torch's writer needs the tensorboard package)
-TRACKER_PACKAGES = {"tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb"}
-
-
-def check_tracker(report_to: str, where: str = "report_to") -> None:
-    """ValueError unless ``report_to`` is ``none`` or a tracker whose package is installed."""
-    package = TRACKER_PACKAGES.get(report_to)
-    if package is not None and importlib.util.find_spec(package) is None:
-        raise ValueError(f"{where} = {report_to!r}: {package} is not installed in this environment "
-                         f"({sys.executable}); `pip install {package}`, or report_to='none'")
-
-
 def names(tracking) -> dict:
     """The trainer arguments that name a tracked run: ``run_name`` (the unit) and ``project`` (the notebook)."""
     if tracking is None:
