@@ -411,3 +411,30 @@ def test_area_under_curve_and_first_crossing():
     with pytest.raises(ValueError, match="two points"):
         claims.area_under_curve([0], [1.0])
     assert math.isclose(claims.area_under_curve([0, 4], [0.0, 1.0]), 0.5)
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 6])
+def test_identical_arms_that_differ_by_float_rounding_are_never_decided(n):
+    """Two arms computing the same read-out along two float paths (a sum in another order) differ by ~1e-16. The
+    zero-spread branch used to call that a difference with p = 0: 84-89% of such pairs came out decided at 3-5
+    seeds. Now every one is inconclusive with p = 1, while the same arms with a real 1e-6 shift still decide."""
+    rng = random.Random(n)
+    decided = differ = 0
+    for _ in range(300):
+        terms = {s: [rng.uniform(0, 1) for _ in range(50)] for s in range(n)}
+        a = {s: math.fsum(v) / 50 for s, v in terms.items()}
+        b = {s: sum(reversed(v)) / 50 for s, v in terms.items()}  # the same mean, summed in another order
+        differ += any(a[s] != b[s] for s in a)
+        c = claims.paired_claim("aa", "same", "test", "m", a, b)
+        decided += c["verdict"] != "inconclusive"
+        assert c["p_t"] == 1.0 and abs(c["effect"]) < 1e-15
+    assert decided == 0 and differ > 150  # most pairs do differ in the last bits: the case is exercised
+    shifted = {s: v + 1e-6 for s, v in a.items()}  # a real, constant shift far above rounding: p 0, decided
+    assert claims.paired_claim("ab", "shift", "test", "m", shifted, a)["p_t"] == 0.0
+
+
+def test_the_rounding_tolerance_is_relative_to_the_read_outs():
+    """The same 1e-12 differences are rounding for read-outs of size 1e4 and an effect for read-outs of size 1e-6."""
+    diffs = [1e-12, 2e-12, 1.5e-12]
+    assert claims.paired_t(diffs, scale=1e4)["p"] == 1.0
+    assert claims.paired_t(diffs, scale=1e-6)["p"] < 0.05
