@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -52,7 +53,7 @@ BASE_FIELDS = ("id", "claim", "source", "metric", "role", "effect", "seeds", "ve
 PAIRED_FIELDS = ("ci_low", "ci_high", "p_value", "p_t", "p_sign", "sd", "mde", "per_seed", "direction")
 CLAIM_FIELDS = BASE_FIELDS + PAIRED_FIELDS  # a primary or secondary claim (and a paired check)
 OPTIONAL_FIELDS = ("note", "notebook", "scope", "p_adjusted", "expect", "outcome", "arms", "preset", "criterion",
-                   "undetectable")
+                   "undetectable", "block_z")
 DECLARED_FIELDS = ("id", "role", "claim", "source", "metric", "direction", "scope")
 DECLARED_OPTIONAL = ("expect", "arms", "requires")
 
@@ -200,6 +201,28 @@ RULE_MDE = {
 }
 
 
+def block_z(diffs: Sequence[float]) -> float | None:
+    """The replication check of a paired claim (a check, never the verdict): the seeds, in their order, split into
+    two blocks (the first ceil(n/2), the rest), and the z of the difference between the two blocks' mean effects.
+    The pooled within-block t statistic (n - 2 degrees of freedom) is mapped through its distribution onto the
+    standard normal, so that under the rule's assumptions (independent, normal paired differences) z is exactly
+    N(0, 1); |z| >= 3 (0.27% under them) says the two halves of the run disagree more than seed noise explains.
+    None below 4 seeds or without spread inside the blocks."""
+    d = _clean(diffs)
+    n = len(d)
+    if n < 4:
+        return None
+    k = (n + 1) // 2
+    first, second = d[:k], d[k:]
+    within = float(np.sum((first - first.mean()) ** 2) + np.sum((second - second.mean()) ** 2))
+    if within <= 0:
+        return None
+    gap = float(first.mean() - second.mean())
+    t = gap / math.sqrt(within / (n - 2) * (1 / k + 1 / (n - k)))
+    upper = max(t_sf(abs(t), n - 2), 1e-300)  # P(T > |t|)
+    return math.copysign(-statistics.NormalDist().inv_cdf(upper), t) if upper < 0.5 else 0.0
+
+
 def mde(sd: float, n: int, *, alpha: float = ALPHA, power: float = POWER) -> float:
     """The smallest true mean difference the rule detects with probability ``power`` at ``n`` seeds, paired sd
     ``sd`` and level ``alpha`` (a secondary claim's: Holm's first level, ``ALPHA / m`` for m secondaries). For the
@@ -283,7 +306,8 @@ def paired_claim(id: str, claim: str, source: str, metric: str, a: Mapping, b: M
     out = {"id": id, "claim": claim, "source": source, "metric": metric, "role": role, "effect": t["mean"],
            "ci_low": t["ci_low"], "ci_high": t["ci_high"], "seeds": n, "p_value": p, "p_t": t["p"],
            "p_sign": p_sign, "sd": t["sd"] if n > 1 else None, **_mde_fields(t["sd"], n, alpha),
-           "per_seed": {str(s): d for s, d in zip(seeds, diffs)}, "direction": direction}
+           "per_seed": {str(s): d for s, d in zip(seeds, diffs)}, "direction": direction,
+           "block_z": block_z(diffs)}
     outcome = decide(t["mean"], p, n, direction, alpha=alpha)
     if role == "check":
         out.update(expect=expect, outcome=outcome, verdict="pass" if outcome == expect else "fail")
@@ -417,6 +441,8 @@ def _validate_paired(c: Mapping, at: str, alpha: float) -> None:
         raise ValueError(f"{at}.per_seed must map each of the {c['seeds']} seeds to its difference")
     if c["direction"] not in (1, -1):
         raise ValueError(f"{at}.direction must be +1 or -1, got {c['direction']!r}")
+    if c.get("block_z") is not None and not _finite(c["block_z"]):
+        raise ValueError(f"{at}.block_z must be a finite number or null, got {c['block_z']!r}")
     if not c["ci_low"] - 1e-12 <= c["effect"] <= c["ci_high"] + 1e-12:
         raise ValueError(f"{at}: effect {c['effect']} is outside its interval [{c['ci_low']}, {c['ci_high']}]")
     expected = expected_verdict(c, alpha=alpha)

@@ -438,3 +438,28 @@ def test_the_rounding_tolerance_is_relative_to_the_read_outs():
     diffs = [1e-12, 2e-12, 1.5e-12]
     assert claims.paired_t(diffs, scale=1e4)["p"] == 1.0
     assert claims.paired_t(diffs, scale=1e-6)["p"] < 0.05
+
+
+@pytest.mark.parametrize("n", [4, 5, 6, 9, 16])
+def test_the_block_z_is_standard_normal_under_the_rules_assumptions(n):
+    """Normal paired differences with any mean and spread: the two blocks' z is N(0, 1) (mean 0, sd 1, 5% beyond
+    1.96, 0.27% beyond 3), within the Monte Carlo error of 4,000 draws."""
+    rng = np.random.default_rng(n)
+    zs = np.array([claims.block_z(rng.normal(0.3, 2.0, n)) for _ in range(4000)])
+    assert abs(zs.mean()) < 0.06 and abs(zs.std() - 1) < 0.05
+    assert abs(np.mean(np.abs(zs) > 1.96) - 0.05) < 0.012
+    assert np.mean(np.abs(zs) > 3) < 0.008
+
+
+def test_the_block_z_by_hand_and_when_the_halves_disagree():
+    """[1, 2, 3 | 4, 5, 6]: gap -3, pooled variance (2 + 2) / 4 = 1, se sqrt(1/3 + 1/3), t = -3.674 at 4 df, P(T >
+    3.674) = 0.01066, z = -2.302. A run whose second half moved by 10 sd is far past 3."""
+    t = -3 / math.sqrt(2 / 3)
+    upper = claims.t_sf(abs(t), 4)
+    assert upper == pytest.approx(0.010657, abs=2e-6)
+    assert claims.block_z([1, 2, 3, 4, 5, 6]) == pytest.approx(-2.3026, abs=1e-3)
+    assert claims.block_z([0.1, -0.2, 0.05, 10.1, 9.8, 10.0]) < -3
+    assert claims.block_z([1, 2, 3]) is None and claims.block_z([1, 1, 2, 2]) is None  # too few; no spread in blocks
+    c = claims.paired_claim("x", "x", "x", "m", {s: s + 10.0 for s in range(6)}, {s: 10.0 for s in range(6)})
+    assert c["block_z"] == pytest.approx(claims.block_z([0, 1, 2, 3, 4, 5]))
+    claims.validate_claims([c])
