@@ -505,6 +505,39 @@ def load_declared(path: str | Path) -> dict[str, dict]:
     return out
 
 
+RETIRED_FIELDS = ("id", "retired", "why", "last_result", "results_entry")
+
+
+def load_retired(path: str | Path) -> dict[str, dict]:
+    """The claims a notebook once declared and no longer tests: ``params/<notebook>/retired.yaml``, a list of
+    mappings with every one of ``RETIRED_FIELDS`` (a non-empty string each): ``retired`` when and in which commit,
+    ``why``, ``last_result`` (its effect, interval, p and verdict in the last run that tested it) and
+    ``results_entry`` (the heading of the ``docs/results.md`` entry that holds that run). A claim never leaves
+    ``claims.yaml`` without a trace; ``{}`` when the file does not exist. Errors name the file, the entry and the
+    field."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    entries = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a list of retired claims, got {type(entries).__name__}")
+    out: dict[str, dict] = {}
+    for i, e in enumerate(entries):
+        at = f"{path}[{i}]"
+        if not isinstance(e, dict) or set(e) != set(RETIRED_FIELDS):
+            raise ValueError(f"{at}: a retired claim has exactly the fields {list(RETIRED_FIELDS)}, got "
+                             f"{sorted(e) if isinstance(e, dict) else type(e).__name__}")
+        for f in RETIRED_FIELDS:
+            if not isinstance(e[f], str) or not e[f].strip():
+                raise ValueError(f"{at} ({e.get('id')}).{f} must be a non-empty string, got {e[f]!r}")
+        if e["id"] in out:
+            raise ValueError(f"{at}: claim id {e['id']!r} is retired twice")
+        out[e["id"]] = dict(e)
+    return out
+
+
 def _check_requires(req, at: str) -> None:
     if not isinstance(req, Mapping) or not req:
         raise ValueError(f"{at}.requires must be a mapping of parameter -> what it must hold, got {req!r}")

@@ -395,7 +395,7 @@ def test_every_preset_makes_its_primary_claim_and_requires_name_notebook_paramet
         required = {k for d in declared.values() for k in d.get("requires", {})}
         assert required <= set(defaults), (folder.name, required - set(defaults))
         primary = {i for i, d in declared.items() if d["role"] == "primary"}
-        for preset in sorted(p.stem for p in folder.glob("*.yaml") if p.stem != "claims"):
+        for preset in presets.list_presets(folder.name, root / "params"):
             params = {**defaults, **presets.load_params(folder.name, preset, params_dir=root / "params")}
             assert primary <= set(claims.made(declared, params, where=f"{folder.name} at {preset}")), preset
             seen += 1
@@ -463,3 +463,51 @@ def test_the_block_z_by_hand_and_when_the_halves_disagree():
     c = claims.paired_claim("x", "x", "x", "m", {s: s + 10.0 for s in range(6)}, {s: 10.0 for s in range(6)})
     assert c["block_z"] == pytest.approx(claims.block_z([0, 1, 2, 3, 4, 5]))
     claims.validate_claims([c])
+
+
+PARAMS = Path(__file__).resolve().parents[1] / "params"
+
+
+def ever_declared(claims_file: Path) -> set[str]:
+    """Every claim id that ``claims_file`` held in any commit of the checkout's history (git log -p of the file)."""
+    import subprocess
+
+    done = subprocess.run(["git", "log", "-p", "--format=", "--", claims_file.name], cwd=claims_file.parent,
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        pytest.skip(f"no git history here ({done.stderr.strip()[:80]})")
+    return {line.split("id:", 1)[1].strip() for line in done.stdout.splitlines()
+            if line[:1] in "+- " and line[1:].lstrip().startswith("- id:")}
+
+
+@pytest.mark.parametrize("folder", sorted(p for p in PARAMS.iterdir() if (p / "claims.yaml").is_file()),
+                         ids=lambda p: p.name)
+def test_no_claim_leaves_claims_yaml_without_a_trace(folder):
+    """A claim id that claims.yaml ever held is declared now or retired (retired.yaml: why, and its last result in a
+    docs/results.md entry that exists); a retired id is not declared again beside its retirement."""
+    import subprocess
+
+    if subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=folder, capture_output=True,
+                      text=True).stdout.strip() == "true":
+        pytest.skip("a shallow clone holds no history to compare with")
+    declared = set(claims.load_declared(folder / "claims.yaml"))
+    retired = claims.load_retired(folder / "retired.yaml")
+    ever = ever_declared(folder / "claims.yaml")
+    assert declared <= ever  # the history reader sees today's ids
+    assert sorted(ever - declared - set(retired)) == []
+    assert sorted(declared & set(retired)) == []
+    headings = {line.lstrip("#").strip() for line in (PARAMS.parent / "docs" / "results.md").read_text().splitlines()
+                if line.startswith("#")}
+    for id_, entry in retired.items():
+        assert any(h.startswith(entry["results_entry"]) for h in headings), (id_, entry["results_entry"])
+
+
+def test_a_retired_entry_names_every_field(tmp_path):
+    path = tmp_path / "retired.yaml"
+    path.write_text("- id: a\n  retired: today\n  why: because\n  last_result: x\n")
+    with pytest.raises(ValueError, match=r"retired.yaml\[0\]: a retired claim has exactly the fields"):
+        claims.load_retired(path)
+    path.write_text("- {id: a, retired: today, why: '', last_result: x, results_entry: y}\n")
+    with pytest.raises(ValueError, match=r"\[0\] \(a\)\.why must be a non-empty string"):
+        claims.load_retired(path)
+    assert claims.load_retired(tmp_path / "none.yaml") == {}
