@@ -17,7 +17,14 @@ from klear_lib import models
 from klear_lib.data import tasks
 from klear_lib.losses import PolicyLossConfig, compute_policy_loss, positive_sample_loss
 from klear_lib.recipe import KlearLossConfig
-from klear_lib.train.rl import KlearGRPOTrainer, NoUpdatesError, correctness_reward, klear_from_trl
+from klear_lib.rewards.result import RewardResult
+from klear_lib.train.rl import (
+    DataError,
+    KlearGRPOTrainer,
+    NoUpdatesError,
+    correctness_reward,
+    klear_from_trl,
+)
 
 TEMPERATURE = 0.9  # not 1, so that a missing temperature scaling would show
 
@@ -641,3 +648,22 @@ def test_an_epoch_based_config_says_what_to_set_and_rollouts_alone_suffice(tiny,
     trainer.remove_callback(PrinterCallback)
     trainer.train()
     assert trainer.args.max_steps == 3 and trainer.state.global_step == 3 and trainer.rollouts_done == 3
+
+
+def test_a_reward_that_reports_a_data_error_fails_the_batch_before_any_step(tiny, tmp_path):
+    """A reward function whose last results carry reason 'data_error' (a malformed dataset row) stops training on
+    the first batch that has one, naming the reward and the detail; the weights never move."""
+    def judged(completions, **kw):
+        judged.last_results = [RewardResult(0.0, "wrong")] * (len(completions) - 1) + [
+            RewardResult(0.0, "data_error", detail="row 7: test 2 has no 'output'")]
+        return [0.0] * (len(completions) - 1) + [1.0]
+
+    trainer = make_trainer(tiny, tmp_path, klear=KlearLossConfig(filter_rule="dapo"), reward_funcs=[judged], steps=2,
+                           rollouts=1)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    with pytest.raises(DataError, match=re.escape("reward 'judged': 1 of 32 responses of this batch were judged "
+                                                  "against malformed data (row 7: test 2 has no 'output'); the "
+                                                  "batch is not trained on")):
+        trainer.train()
+    assert trainer.state.global_step == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))

@@ -176,6 +176,15 @@ class _NoUpdatesLeft(Exception):
     """Raised before the first optimizer step when every rollout of the budget kept no group."""
 
 
+#: The reason a reward function gives (``RewardResult.reason`` in its ``last_results``) when the data it judges by is
+#: malformed (a code record's tests): the batch fails instead of being trained on that score.
+DATA_ERROR = "data_error"
+
+
+class DataError(ValueError):
+    """A reward function judged responses against malformed data (reason ``DATA_ERROR``)."""
+
+
 class NoUpdatesError(RuntimeError):
     """A run that made no optimizer step: every group of every rollout was filtered (the message says why and what
     to set). The model is unchanged."""
@@ -430,8 +439,22 @@ class KlearGRPOTrainer(GRPOTrainer):
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._check_data_errors()
         self._last_rewards = rewards_per_func  # (N_all, n_funcs), gathered over processes
         return rewards_per_func
+
+    def _check_data_errors(self) -> None:
+        """Fail the batch, loudly, when a reward function reports that it judged against malformed data (a result
+        with reason ``DATA_ERROR`` in its ``last_results``, as ``rewards.pool.make_trl_reward_func`` keeps them):
+        its score says nothing about the response, and training on it would be training on noise."""
+        for name, fn in zip(self.reward_func_names, self.reward_funcs):
+            results = getattr(fn, "last_results", None) or []
+            bad = [r for r in results if getattr(r, "reason", None) == DATA_ERROR]
+            if bad:
+                raise DataError(f"reward {name!r}: {len(bad)} of {len(results)} responses of this batch were judged "
+                                f"against malformed data ({bad[0].detail or 'no detail'}); the batch is not trained "
+                                "on. Fix the dataset row (klear_lib.data.hub.load_klear_rl checks code records' "
+                                "tests when it loads and names the row)")
 
     def _generate_and_score_completions(self, inputs):
         self._capture_old_entropy, self._captured_old_entropy = True, None
