@@ -523,6 +523,13 @@ def test_a_continuous_reward_under_the_klear_filter_raises_after_zero_steps_and_
     assert 0 < best < 1.0  # the rewards it saw, none fully correct
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
 
+    warned = make_trainer(tiny, tmp_path / "warn", klear=KlearLossConfig(), reward_funcs=[share_of_a], steps=4,
+                          rollouts=2, lr=1e-2)
+    warned.on_no_updates = "warn"  # run_rl's choice: the same message as a warning, the run's records intact
+    with pytest.warns(UserWarning, match=re.escape(msg.removesuffix("; the model is unchanged"))):
+        warned.train()
+    assert warned.state.global_step == 0
+
     fixed = make_trainer(tiny, tmp_path / "dapo", klear=KlearLossConfig(filter_rule="dapo"),
                          reward_funcs=[share_of_a], steps=4, rollouts=2, lr=1e-2)
     with warnings.catch_warnings():

@@ -299,6 +299,10 @@ class KlearGRPOTrainer(GRPOTrainer):
     decay and momentum never move the weights without a response token). ``rollouts`` rollouts are run;
     ``args.max_steps`` must be at least ``rollouts × steps_per_generation``.
 
+    ``on_no_updates``: what a run that made no optimizer step does: ``"raise"`` (``NoUpdatesError``, the default)
+    or ``"warn"`` (as a short run does; ``run_rl`` uses it: its rollout records log every rollout's kept groups,
+    and an ablation arm whose filter keeps nothing, e.g. a hard reward in a sparse regime, is a result to report).
+
     ``on_rollout`` callbacks run at every rollout boundary, after the last update of a rollout (and once before the
     first), with the trainer and a record: ``rollout`` (rollouts done), ``step`` (optimizer steps done), ``final``,
     and the finished rollout's ``klear/*`` counts and TRL's generation metrics (``reward``, lengths ...).
@@ -306,13 +310,16 @@ class KlearGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, klear: KlearLossConfig | None = None, rollouts: int | None = None,
                  on_rollout: tuple[Callable[["KlearGRPOTrainer", dict], None], ...] = (),
-                 focus: Callable | None = None, **kwargs):
+                 focus: Callable | None = None, on_no_updates: str = "raise", **kwargs):
         if trl.__version__ != TRL_VERSION:
             warnings.warn(
                 f"KlearGRPOTrainer overrides TRL {TRL_VERSION} internals; TRL {trl.__version__} is installed. "
                 "Run tests/test_trl_contract.py before trusting its numbers.",
                 stacklevel=2,
             )
+        if on_no_updates not in ("raise", "warn"):
+            raise ValueError(f"on_no_updates must be 'raise' or 'warn', got {on_no_updates!r}")
+        self.on_no_updates = on_no_updates
         super().__init__(*args, **kwargs)
         if self.use_vllm and self.vllm_importance_sampling_correction:
             raise ValueError(
@@ -411,7 +418,7 @@ class KlearGRPOTrainer(GRPOTrainer):
         """After a run: raise when it made no optimizer step, warn when it made fewer than planned."""
         if planned <= 0:
             return
-        if self._steps_made == 0:
+        if self._steps_made == 0 and self.on_no_updates == "raise":
             raise NoUpdatesError(self._filter_message(0, planned) + "; the model is unchanged")
         if self._steps_made < planned:
             warnings.warn(self._filter_message(self._steps_made, planned), stacklevel=3)
@@ -1014,6 +1021,7 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         rollouts=cfg.rollouts,
         on_rollout=(recorder,),
         focus=focus,
+        on_no_updates="warn",  # a notebook arm whose filter keeps nothing is a result; the records show it
         callbacks=[MetricsCallback(writer, tags)],
     )
     trainer.remove_callback(PrinterCallback)  # one progress line per evaluation instead of a dict per step
