@@ -78,6 +78,11 @@ from klear_lib.train.tracking import names as tracker_names
 
 TRL_VERSION = "1.16.0"  # the TRL release whose internals this trainer overrides
 
+# KlearLossConfig and PolicyLossConfig are re-exported: a TRL user's script imports the trainer and its config from
+# one place (README, "GPPO+ERC in your own trainer").
+__all__ = ["KlearGRPOTrainer", "KlearLossConfig", "PolicyLossConfig", "NoUpdatesError", "DataError", "DATA_ERROR",
+           "klear_from_trl", "reward_total_range", "correctness_reward", "run_rl", "TRL_VERSION"]
+
 
 def causal_lm(model):
     """The transformers ``PreTrainedModel`` inside ``model``'s wrappers: DDP and DeepSpeed (``.module``), PEFT
