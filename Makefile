@@ -20,7 +20,7 @@ export KLEAR_REQUIRE_VERL := 1
 # Create the venv if missing and install the pinned packages. With Python 3.11 on Linux x86_64 (the project's
 # machines and CI) every version comes from the CPU environment's lock (docs/scale.md), torch first: its CPU build,
 # from pip's configured sources or else PyTorch's CPU index, so that pip never pulls the multi-GB CUDA build.
-# Elsewhere the versions come from pyproject.toml's pins (the same for the packages it names).
+# Elsewhere the versions come from pyproject.toml's pins (its `dev` extra: the same for the packages it names).
 CPU_LOCK := locks/cpu-py311.txt
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 VERL_VERSION := 0.9.1
@@ -47,7 +47,7 @@ $(STAMP): pyproject.toml $(CPU_LOCK)
 	  torch=$$(grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"'); set -ex; \
 	  $(PY) -m pip install -q $$torch+cpu 2>/dev/null || $(PY) -m pip install -q --extra-index-url $(TORCH_CPU_INDEX) \
 	    $$torch+cpu 2>/dev/null || $(PY) -m pip install -q $$torch; \
-	  $(PY) -m pip install -q -e '.[test,lab,verl-test]'; \
+	  $(PY) -m pip install -q -e '.[dev]'; \
 	fi
 	@# verl's policy-loss code for tests/test_verl.py, in a folder of its own outside site-packages (the test puts it
 	@# on sys.path): pip neither sees nor checks it, so its hydra dependency (antlr4 4.9, which clashes with

@@ -97,7 +97,8 @@ def test_code_tests_with_integers_past_pythons_digit_limit_load_exactly(tmp_path
     row = klear_rl_row("Write big().", {"fn_name": "big", "inputs": [[]], "outputs": [0]})
     row["reward_model"]["ground_truth"] = '{"fn_name": "big", "inputs": [[]], "outputs": [' + digits + "]}"
     (record,) = load_klear_rl(save([row], tmp_path, "parquet"), cache_dir=cache)
-    (value,) = record.ground_truth["outputs"]
+    (test,) = record.ground_truth  # converted to the reward code's function-call test
+    value = test["expected"]
     assert value.text == digits and value == type(value)(digits)
 
 
@@ -108,7 +109,8 @@ def test_klear_rl_code_ground_truth_is_parsed_into_tests(tmp_path, cache):
             klear_rl_row("Same, taco source.", stdio, data_source="taco_longcot", ability="coding")]
     assert rows[0]["reward_model"]["ground_truth"].startswith('[{"input"')  # stored as a JSON string
     records = load_klear_rl(save(rows, tmp_path, "parquet"), cache_dir=cache)
-    assert [r.ground_truth for r in records] == [stdio, calls, stdio]
+    # the parallel-list layout (APPS/TACO) becomes the reward code's function-call tests
+    assert [r.ground_truth for r in records] == [stdio, [{"fn_name": "add", "args": [1, 2], "expected": 3}], stdio]
     assert [(r.data_source, r.ability) for r in records] == [
         ("coder1_longcot", "code"), ("coder1_longcot", "code"), ("taco_longcot", "coding")]
 
@@ -393,18 +395,19 @@ def test_mixed_type_json_column_keeps_values_as_written(tmp_path, cache, suffix)
 
 def test_eval_schema_errors(tmp_path, cache):
     row = aime_row("a1", AIME_PROBLEM, "12")
-    del row["meta"]["answer"]
+    del row["meta"]["answer"], row["meta"]["solution"]
     path = save([aime_row("a0", "P.", "1"), row], tmp_path, "jsonl", "aime")
-    with pytest.raises(SchemaError, match=error_at(path, 1, "meta.answer") + " is missing or null"):
+    with pytest.raises(SchemaError, match=error_at(path, 1, "meta.answer") + " is missing or null, and so is "
+                       "'meta.solution'; expected the gold answer"):
         load_eval_problems(path, cache_dir=cache)
     row = hmmt_row(0, HMMT_PROBLEM, "1")
     row["messages"] = [{"role": "assistant", "content": "no user turn"}]
     path = save([row], tmp_path, "jsonl", "hmmt_no_user")
     with pytest.raises(SchemaError, match=error_at(path, 0, "messages") + " must contain a user message"):
         load_eval_problems(path, cache_dir=cache)
-    path = save([{k: v for k, v in hmmt_row(0, HMMT_PROBLEM, "1").items() if k != "answer"}], tmp_path,
-                "parquet", "hmmt_no_answer")
-    with pytest.raises(SchemaError, match=error_at(path, 0, "answer") + " is missing or null"):
+    path = save([{k: v for k, v in hmmt_row(0, HMMT_PROBLEM, "1").items() if k not in ("answer", "solution")}],
+                tmp_path, "parquet", "hmmt_no_answer")
+    with pytest.raises(SchemaError, match=error_at(path, 0, "answer") + " is missing or null, and so is 'solution'"):
         load_eval_problems(path, cache_dir=cache)
 
 

@@ -1,11 +1,12 @@
 """The lock files in locks/ against pyproject.toml and their inputs (tools/lock.py writes them; docs/scale.md).
 
-Offline: every lock line is an exact pin; each environment built on pyproject.toml holds every pin of pyproject's
-dependencies and of its extras at the same version; the unsloth and verl environments (klear installed there with
---no-deps) agree with pyproject wherever they hold the same package, except the differences their .in files declare
-with a reason; the CPU lock holds torch's CPU build and nothing CUDA, torchvision, torchaudio or torchcodec; the GPU
-locks' vLLM is inside TRL's supported range. The set-up venv passes `pip check`. Online (PyPI): recompiling every
-lock gives the committed files (tools/lock.py --check).
+Offline: every lock line is an exact pin; pyproject's core requirements are ranges (torch alone) that every lock
+admits, its extras exact pins; each environment built on pyproject.toml holds every pin of its extras at the same
+version; the unsloth and verl environments (klear installed there with --no-deps) agree with pyproject wherever they
+hold the same package, except the differences their .in files declare with a reason; the CPU lock holds torch's CPU
+build and nothing CUDA, torchvision, torchaudio or torchcodec; the GPU locks' vLLM is inside TRL's supported range.
+The set-up venv passes `pip check`. Online (PyPI): recompiling every lock gives the committed files (tools/lock.py
+--check).
 """
 
 import importlib.util
@@ -63,17 +64,46 @@ def read_via(path: pathlib.Path) -> dict[str, set[str]]:
 
 
 def pyproject_requirements(extras=()) -> list[Requirement]:
+    """The core requirements and those of ``extras``, an extra that names klear's own (``klear[trl]``) expanded."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    reqs = list(project["dependencies"])
-    for extra in extras:
-        reqs += project["optional-dependencies"][extra]
-    return [Requirement(r) for r in reqs]
+    reqs, todo, seen = [Requirement(r) for r in project["dependencies"]], list(extras), set()
+    while todo:
+        extra = todo.pop()
+        if extra in seen:
+            continue
+        seen.add(extra)
+        for r in map(Requirement, project["optional-dependencies"][extra]):
+            if canonicalize_name(r.name) == "klear":
+                todo += sorted(r.extras)
+            else:
+                reqs.append(r)
+    return reqs
+
+
+def by_name(reqs: list[Requirement]) -> dict[str, list[Requirement]]:
+    """{canonical name: its requirements} (torch has two: the core's range and the notebooks' pin)."""
+    out: dict[str, list[Requirement]] = {}
+    for r in reqs:
+        out.setdefault(canonicalize_name(r.name), []).append(r)
+    return out
 
 
 def exact_version(req: Requirement) -> Version:
     (spec,) = req.specifier
     assert spec.operator == "==", f"{req} is not an exact pin"
     return Version(spec.version)
+
+
+def admits(req: Requirement, version: Version) -> bool:
+    """``req``'s versions hold ``version`` (its public part: torch==2.13.0 admits the CPU build 2.13.0+cpu)."""
+    return req.specifier.contains(Version(version.public), prereleases=True)
+
+
+def agrees(ours: Requirement, theirs: Requirement) -> bool:
+    """A lock input agrees with a pyproject requirement: the same extras where pyproject pins exactly, and a version
+    pyproject admits."""
+    same_extras = ours.extras == theirs.extras or not any(s.operator == "==" for s in ours.specifier)
+    return same_extras and admits(ours, exact_version(theirs))
 
 
 def read_in(path: pathlib.Path) -> dict[str, tuple[Requirement, str | None]]:
@@ -118,17 +148,35 @@ def test_pyproject_pins_are_in_its_locks(env, python):
     pins = lock_pins(env, python)
     for req in pyproject_requirements(env.extras):
         name = canonicalize_name(req.name)
-        want = exact_version(req)
         assert name in pins, f"{env.lock(python).name} lacks {req} (pyproject.toml)"
         got = pins[name]
         # torch==2.13.0 admits its CPU build 2.13.0+cpu (PEP 440: a pin without a local label matches any label)
-        assert Version(got.public) == want, f"{env.lock(python).name}: {name}=={got}, pyproject.toml pins {req}"
+        assert admits(req, got), f"{env.lock(python).name}: {name}=={got}, pyproject.toml requires {req}"
 
 
-def test_every_pyproject_dependency_is_an_exact_pin():
+def test_the_core_is_ranges_every_lock_admits_and_every_extra_exact_pins():
+    """The core (no extra) installs beside another torch stack: lower-bounded ranges, each admitting the version of
+    every lock that holds the package (the ends tested: torch 2.13.0 in cpu/gpu/unsloth, 2.11.0 in verl); the extras
+    are the reproducibility stack, exact pins (or another of klear's extras)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    for req in pyproject_requirements(project["optional-dependencies"]):
-        exact_version(req)
+    core = [Requirement(r) for r in project["dependencies"]]
+    assert [canonicalize_name(r.name) for r in core] == ["torch"], "the core is torch alone (tests/test_wheel.py)"
+    held = set()
+    for req in core:
+        assert any(s.operator == ">=" for s in req.specifier), f"{req}: the core's ranges need a lower bound"
+        assert not any(s.operator == "==" for s in req.specifier), f"{req}: the core pins nothing exactly"
+        for env, python in LOCKS:
+            got = lock_pins(env, python).get(canonicalize_name(req.name))
+            if got is not None:
+                held.add(Version(got.public))
+                assert admits(req, got), f"{env.lock(python).name}: {req.name}=={got} outside the core's {req}"
+    assert {Version("2.11.0"), Version("2.13.0")} <= held, f"torch versions of the locks: {sorted(held)}"
+    for extra, reqs in project["optional-dependencies"].items():
+        for req in map(Requirement, reqs):
+            if canonicalize_name(req.name) == "klear":
+                assert set(req.extras) <= set(project["optional-dependencies"]), f"[{extra}]: {req}"
+            else:
+                exact_version(req)
 
 
 def test_cpu_lock_has_the_cpu_torch_and_nothing_cuda():
@@ -154,8 +202,10 @@ def trl_supported_vllm() -> tuple[Version, Version]:
 
 def test_gpu_locks_take_a_vllm_trl_supports_built_for_the_pinned_torch():
     import trl
-    torch_pin = next(exact_version(r) for r in pyproject_requirements() if r.name == "torch")
-    assert Version(trl.__version__) == next(exact_version(r) for r in pyproject_requirements() if r.name == "trl")
+    gpu = by_name(pyproject_requirements(("gpu",)))
+    (torch_pin,) = [exact_version(r) for r in gpu["torch"] if r.specifier.__str__().startswith("==")]
+    (trl_pin,) = map(exact_version, gpu["trl"])
+    assert Version(trl.__version__) == trl_pin
     low, high = trl_supported_vllm()
     for python in ("3.11", "3.12"):
         env = next(e for e in lock_tool.ENVIRONMENTS if e.name == "gpu")
@@ -172,34 +222,34 @@ def test_gpu_locks_take_a_vllm_trl_supports_built_for_the_pinned_torch():
 def test_own_environments_agree_with_pyproject_but_where_declared(env):
     (in_file,) = [ROOT / p for p in env.inputs]
     declared = read_in(in_file)
-    pyproject = {canonicalize_name(r.name): r for r in pyproject_requirements(env.compared_extras)}
+    pyproject = by_name(pyproject_requirements(env.compared_extras))
     for name, (req, reason) in declared.items():
         if reason is not None:
             assert name in pyproject, f"{in_file.name}: {name} declared different but pyproject.toml does not pin it"
-            ours = pyproject[name]
-            assert (req.extras, exact_version(req)) != (ours.extras, exact_version(ours)), (
-                f"{in_file.name}: {req} is declared different from pyproject's {ours} but is the same")
+            assert not all(agrees(ours, req) for ours in pyproject[name]), (
+                f"{in_file.name}: {req} is declared different from pyproject's {pyproject[name]} but agrees")
         elif name in pyproject:
-            ours = pyproject[name]
-            assert (req.extras, exact_version(req)) == (ours.extras, exact_version(ours)), (
-                f"{in_file.name}: {req} differs from pyproject's {ours}: align it or declare it "
-                f"(`{DIFFERS} <reason>`)")
+            for ours in pyproject[name]:
+                assert agrees(ours, req), (f"{in_file.name}: {req} differs from pyproject's {ours}: align it or "
+                                           f"declare it (`{DIFFERS} <reason>`)")
     for python in env.pythons:
         pins = lock_pins(env, python)
         for name, (req, _) in declared.items():
             assert pins.get(name) == exact_version(req), f"{env.lock(python).name}: {name}=={pins.get(name)}, " \
                                                          f"{in_file.name} pins {req}"
-        for name, ours in pyproject.items():
+        for name, reqs in pyproject.items():
             if name in pins and name not in declared:
-                assert pins[name] == exact_version(ours), (
-                    f"{env.lock(python).name}: {name}=={pins[name]} but pyproject.toml pins {ours}: pin it in "
-                    f"{in_file.name}, declared (`{DIFFERS} <reason>`) if it must differ")
+                for ours in reqs:
+                    assert admits(ours, pins[name]), (
+                        f"{env.lock(python).name}: {name}=={pins[name]} but pyproject.toml requires {ours}: pin it "
+                        f"in {in_file.name}, declared (`{DIFFERS} <reason>`) if it must differ")
 
 
 def test_unsloth_environment_is_what_the_docs_say():
     """unsloth's own environment exists because unsloth caps trl and datasets below the main pins."""
     env = next(e for e in lock_tool.ENVIRONMENTS if e.name == "unsloth")
-    main = {canonicalize_name(r.name): exact_version(r) for r in pyproject_requirements()}
+    main = {canonicalize_name(r.name): exact_version(r) for r in pyproject_requirements(("notebooks",))
+            if any(s.operator == "==" for s in r.specifier)}
     for python in env.pythons:
         pins = lock_pins(env, python)
         assert pins["trl"] < main["trl"] and pins["datasets"] < main["datasets"]

@@ -2,7 +2,10 @@
 klear_lib.losses' loss, several updates per rollout make later ones off-policy, and it learns."""
 
 import copy
+import dataclasses
 import functools
+import re
+import warnings
 
 import pytest
 import torch
@@ -14,13 +17,21 @@ from klear_lib import models
 from klear_lib.data import tasks
 from klear_lib.losses import PolicyLossConfig, compute_policy_loss, positive_sample_loss
 from klear_lib.recipe import KlearLossConfig
-from klear_lib.train.rl import KlearGRPOTrainer, correctness_reward
+from klear_lib.rewards.result import RewardResult
+from klear_lib.train.rl import (
+    DataError,
+    KlearGRPOTrainer,
+    NoUpdatesError,
+    correctness_reward,
+    klear_from_trl,
+)
 
 TEMPERATURE = 0.9  # not 1, so that a missing temperature scaling would show
 
 
 def make_trainer(tiny, tmp_path, *, klear, reward_funcs=None, steps=2, updates=2, lr=1e-3, max_len=12, seed=0,
-                 schedule="linear", rollouts=None, per_device=8, generations=4, weight_decay=0.0, on_rollout=()):
+                 schedule="linear", rollouts=None, per_device=8, generations=4, weight_decay=0.0, on_rollout=(),
+                 **trl_args):
     """A trainer on the tiny task: ``per_device`` completions per optimizer step, at most ``updates`` steps per
     rollout, ``rollouts`` rollouts (default steps // updates)."""
     train, tok, spec = tiny
@@ -31,7 +42,7 @@ def make_trainer(tiny, tmp_path, *, klear, reward_funcs=None, steps=2, updates=2
         gradient_accumulation_steps=1, num_generations=generations, max_completion_length=max_len,
         temperature=TEMPERATURE, learning_rate=lr, max_steps=steps, beta=0.0, use_cpu=True, bf16=False,
         report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True, seed=seed,
-        lr_scheduler_type=schedule, weight_decay=weight_decay,
+        lr_scheduler_type=schedule, weight_decay=weight_decay, **trl_args,
     )
     trainer = KlearGRPOTrainer(model=model, reward_funcs=reward_funcs or [correctness_reward], args=args,
                                train_dataset=ds, processing_class=tok, klear=klear, rollouts=rollouts,
@@ -127,7 +138,8 @@ def test_a_rollout_that_keeps_no_group_makes_no_optimizer_step(tiny, tmp_path):
                            reward_funcs=[lambda completions, **kw: [1.0] * len(completions)],
                            on_rollout=(lambda tr, rec: records.append(rec),))
     params_before = [p.detach().clone() for p in trainer.model.parameters()]
-    trainer.train()
+    with pytest.raises(NoUpdatesError, match=r"made 0 of 4 planned optimizer steps: filter_rule='klear' kept 0 of 16 "):
+        trainer.train()
     assert trainer.state.global_step == 0
     assert all(torch.equal(a, b) for a, b in zip(params_before, trainer.model.parameters()))
     assert trainer.optimizer is None or not trainer.optimizer.state
@@ -483,3 +495,182 @@ def test_rollout_recorder_evaluates_at_its_boundaries_and_skips_the_start_when_t
         records = runs.read_metrics(tmp_path / f"m{start}.jsonl")
         assert [r["rollout"] for r in records if "eval/avg_at_n" in r] == expected
         assert len(evaluated) == len(expected) and all(r["klear/p"] == 1.0 for r in records)
+
+
+# -- a trainer that never trains silently wrong ------------------------------------------------------------------
+def share_of_a(completions, **kw) -> list[float]:
+    """A continuous reward in [0, 1]: the share of the letter 'a' in the completion."""
+    texts = [c[-1]["content"] for c in completions]
+    return [t.count("a") / max(len(t), 1) for t in texts]
+
+
+def test_a_continuous_reward_under_the_klear_filter_raises_after_zero_steps_and_dapo_trains(tiny, tmp_path):
+    """The default filter (Klear's fully-correct indicator) on a continuous reward: no response is ever exactly 1.0,
+    so every group is filtered. Before: train() returned after 0 of 4 steps without a word. Now it raises, naming
+    the rule, the share kept and the fix, and the fix (filter_rule='dapo') makes every planned step."""
+    trainer = make_trainer(tiny, tmp_path / "klear", klear=KlearLossConfig(), reward_funcs=[share_of_a], steps=4,
+                           rollouts=2, lr=1e-2)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    with pytest.raises(NoUpdatesError) as err:
+        trainer.train()
+    msg = str(err.value)
+    # 2 rollouts × 8 prompts generated (2× the target of 4: two steps of 2 prompts)
+    assert msg.startswith("KlearGRPOTrainer made 0 of 4 planned optimizer steps: filter_rule='klear' kept 0 of 16 "
+                          "generated groups (0.0%); it keeps a group only when some but not all of its responses "
+                          "reach KlearLossConfig.max_reward=1.0 (fully correct)"), msg
+    assert "set filter_rule='dapo'" in msg and msg.endswith("the model is unchanged")
+    best = float(re.search(r"the highest reward seen was ([0-9.e-]+)\. Fix", msg).group(1))
+    assert 0 < best < 1.0  # the rewards it saw, none fully correct
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+
+    warned = make_trainer(tiny, tmp_path / "warn", klear=KlearLossConfig(), reward_funcs=[share_of_a], steps=4,
+                          rollouts=2, lr=1e-2)
+    warned.on_no_updates = "warn"  # run_rl's choice: the same message as a warning, the run's records intact
+    with pytest.warns(UserWarning, match=re.escape(msg.removesuffix("; the model is unchanged"))):
+        warned.train()
+    assert warned.state.global_step == 0
+
+    fixed = make_trainer(tiny, tmp_path / "dapo", klear=KlearLossConfig(filter_rule="dapo"),
+                         reward_funcs=[share_of_a], steps=4, rollouts=2, lr=1e-2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every planned step made: no warning
+        fixed.train()
+    assert fixed.state.global_step == 4
+    assert not all(torch.equal(a, b) for a, b in zip(before, fixed.model.parameters()))
+
+
+def test_fewer_steps_than_planned_warn_with_the_share_kept(tiny, tmp_path):
+    """2 prompts per step, target 4, 4 generated; the seeded draw holds one informative group (answers 0 and 1):
+    one step of the 2 planned, and the run warns with the counts and the fix."""
+    G, drawn = 4, []
+    trainer = make_trainer(tiny, tmp_path, klear=KlearLossConfig(loss_name="ppo_clip", sft_alpha=0.0,
+                                                                 oversample_factor=1.0),
+                           steps=2, updates=2, rollouts=1, per_device=2 * G, generations=G,
+                           reward_funcs=[_scripted_reward({0, 1}, drawn, G)])
+    with pytest.warns(UserWarning) as caught:
+        trainer.train()
+    assert [i for _, i in drawn] == [False, False, True, False] and trainer.state.global_step == 1
+    msgs = [str(w.message) for w in caught if "planned optimizer steps" in str(w.message)]
+    assert msgs == ["KlearGRPOTrainer made 1 of 2 planned optimizer steps: filter_rule='klear' kept 1 of 4 generated "
+                    "groups (25.0%); it keeps a group only when some but not all of its responses reach "
+                    "KlearLossConfig.max_reward=1.0 (fully correct), and the highest reward seen was 1. Fix: with a "
+                    "continuous or differently scaled reward set filter_rule='dapo' (keep groups whose rewards vary) "
+                    "or KlearLossConfig.max_reward to what a fully correct response scores; otherwise raise "
+                    "oversample_factor or max_gen_batches, or set filter_groups=False"]
+
+
+def test_a_reward_that_cannot_be_fully_correct_is_refused_before_training(tiny, tmp_path):
+    def half(completions, **kw):
+        return [0.5 * s for s in share_of_a(completions)]
+
+    half.reward_range = (0.0, 0.5)
+    with pytest.raises(ValueError, match=r"declared ranges give totals in \[0.0, 0.5\]: every group would be "
+                                         r"filtered and no step made\. Set KlearLossConfig.max_reward"):
+        make_trainer(tiny, tmp_path, klear=KlearLossConfig(), reward_funcs=[half], steps=2, rollouts=1)
+    # the same reward where it can be met: max_reward at its top, or a filter that does not need it
+    make_trainer(tiny, tmp_path, klear=KlearLossConfig(max_reward=0.5), reward_funcs=[half], steps=2, rollouts=1)
+    make_trainer(tiny, tmp_path, klear=KlearLossConfig(filter_rule="dapo"), reward_funcs=[half], steps=2, rollouts=1)
+    assert correctness_reward.reward_range == (0.0, 1.0)  # the tiny task's reward declares its range
+
+
+def test_trls_loss_settings_are_honoured_cispo_and_the_clip_range(tiny, tmp_path):
+    """GRPOConfig(loss_type='cispo', epsilon=0.05, epsilon_high=5.0) without klear=: before, GPPO at 0.2/0.28 ran;
+    now klear's cispo with that clip range, and the trainer's loss is that loss."""
+    trainer = make_trainer(tiny, tmp_path, klear=None, steps=2, rollouts=1, loss_type="cispo", epsilon=0.05,
+                           epsilon_high=5.0, reward_funcs=[share_of_a])
+    k = trainer.klear
+    assert (k.loss_name, k.loss_agg_mode) == ("cispo", "token-mean")
+    assert (k.policy_loss.clip_ratio_low, k.policy_loss.clip_ratio_high) == (0.05, 5.0)
+    trainer.klear = dataclasses.replace(k, filter_rule="dapo", sft_alpha=0.0)
+    batches = record_batches(trainer)
+    trainer.train()
+    inp = batches[1]  # after one update: off-policy, where the clip range acts
+    loss = trainer._compute_loss(trainer.model, inp) * trainer.current_gradient_accumulation_steps
+    logp, ent = naive_logps_entropy(trainer.model, inp, TEMPERATURE)
+    mask = inp["completion_mask"] * inp["klear_keep"].unsqueeze(1)
+    want, _ = compute_policy_loss("cispo", old_log_prob=inp["old_per_token_logps"], log_prob=logp,
+                                  advantages=inp["advantages"], response_mask=mask,
+                                  config=PolicyLossConfig(clip_ratio_low=0.05, clip_ratio_high=5.0))
+    assert torch.allclose(loss, want, atol=1e-5), (loss.item(), want.item())
+
+
+def _args(tmp_path, **kw) -> GRPOConfig:
+    return GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kw)
+
+
+def test_trls_settings_map_onto_the_klear_config(tmp_path):
+    assert klear_from_trl(_args(tmp_path), None) == KlearLossConfig()  # TRL's defaults: klear's defaults (GPPO)
+    k = klear_from_trl(_args(tmp_path, epsilon=0.1), None)  # TRL: epsilon_high defaults to epsilon
+    assert (k.loss_name, k.policy_loss.clip_ratio_low, k.policy_loss.clip_ratio_high) == ("gppo", 0.1, 0.1)
+    k = klear_from_trl(_args(tmp_path, loss_type="grpo", importance_sampling_level="sequence"), None)
+    assert (k.loss_name, k.loss_agg_mode) == ("gspo", "seq-mean-token-mean")
+    k = klear_from_trl(_args(tmp_path, loss_type="dr_grpo", max_completion_length=64), None)
+    assert (k.loss_name, k.loss_agg_mode, k.policy_loss.loss_scale_factor) == ("ppo_clip", "seq-mean-token-sum-norm",
+                                                                               64.0)
+    # with klear=: agreement passes, disagreement names the klear field
+    mine = KlearLossConfig(loss_name="cispo", policy_loss=PolicyLossConfig(clip_ratio_low=0.05, clip_ratio_high=5.0))
+    assert klear_from_trl(_args(tmp_path, loss_type="cispo", epsilon=0.05, epsilon_high=5.0), mine) is mine
+
+
+@pytest.mark.parametrize("trl_args, klear, message", [
+    (dict(loss_type="cispo"), KlearLossConfig(),
+     "GRPOConfig.loss_type='cispo' asks for KlearLossConfig.loss_name='cispo', but the klear= config given has "
+     "'gppo': set KlearLossConfig.loss_name, and leave GRPOConfig.loss_type at TRL's default (or drop klear= to "
+     "take TRL's settings)"),
+    (dict(epsilon=0.05), KlearLossConfig(),
+     "GRPOConfig.epsilon=0.05 asks for KlearLossConfig.policy_loss.clip_ratio_low=0.05, but the klear= config given "
+     "has 0.2: set KlearLossConfig.policy_loss.clip_ratio_low"),
+    (dict(epsilon_high=5.0), KlearLossConfig(), "GRPOConfig.epsilon_high=5.0 asks for "
+                                                "KlearLossConfig.policy_loss.clip_ratio_high=5.0, but"),
+    (dict(importance_sampling_level="sequence"), KlearLossConfig(),
+     "GRPOConfig.importance_sampling_level='sequence' asks for KlearLossConfig.loss_name='gspo'"),
+    (dict(beta=0.04), None, "GRPOConfig.beta=0.04: Klear's recipe has no KL term and KlearLossConfig none to set; "
+                            "set GRPOConfig.beta=0.0"),
+    (dict(loss_type="sapo"), None, "GRPOConfig.loss_type='sapo' has no counterpart in klear's registry: set "
+                                   "KlearLossConfig.loss_name"),
+    (dict(scale_rewards="none"), None, "GRPOConfig.scale_rewards='none' is not read by KlearGRPOTrainer: klear "
+                                       "normalises advantages per group itself: KlearLossConfig.adv_std"),
+])
+def test_trls_settings_klear_cannot_honour_are_refused_naming_the_klear_field(tmp_path, trl_args, klear, message):
+    with pytest.raises(ValueError) as err:
+        klear_from_trl(_args(tmp_path, **trl_args), klear)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_an_epoch_based_config_says_what_to_set_and_rollouts_alone_suffice(tiny, tmp_path):
+    """TRL's defaults count epochs (max_steps=-1): before, `rollouts must be >= 1, got -1`."""
+    train, tok, spec = tiny
+    ds = Dataset.from_list([{"prompt": tasks.prompt_messages(p), "answer": p.answer} for p in train[:8]])
+    args = _args(tmp_path, per_device_train_batch_size=8, num_generations=4, max_completion_length=8, bf16=False,
+                 disable_tqdm=True)
+    model = models.build_tiny_model(tok, spec)
+    with pytest.raises(ValueError) as err:
+        KlearGRPOTrainer(model=model, reward_funcs=[share_of_a], args=args, train_dataset=ds, processing_class=tok)
+    assert str(err.value) == ("KlearGRPOTrainer counts rollouts, not epochs (GRPOConfig.max_steps=-1, "
+                              "num_train_epochs=3.0 is not read): pass rollouts=N to KlearGRPOTrainer (each rollout "
+                              "makes at most steps_per_generation=1 optimizer steps), or set GRPOConfig.max_steps to "
+                              "a multiple of steps_per_generation")
+    trainer = KlearGRPOTrainer(model=model, reward_funcs=[share_of_a], args=args, train_dataset=ds,
+                               processing_class=tok, klear=KlearLossConfig(filter_rule="dapo"), rollouts=3)
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    assert trainer.args.max_steps == 3 and trainer.state.global_step == 3 and trainer.rollouts_done == 3
+
+
+def test_a_reward_that_reports_a_data_error_fails_the_batch_before_any_step(tiny, tmp_path):
+    """A reward function whose last results carry reason 'data_error' (a malformed dataset row) stops training on
+    the first batch that has one, naming the reward and the detail; the weights never move."""
+    def judged(completions, **kw):
+        judged.last_results = [RewardResult(0.0, "wrong")] * (len(completions) - 1) + [
+            RewardResult(0.0, "data_error", detail="row 7: test 2 has no 'output'")]
+        return [0.0] * (len(completions) - 1) + [1.0]
+
+    trainer = make_trainer(tiny, tmp_path, klear=KlearLossConfig(filter_rule="dapo"), reward_funcs=[judged], steps=2,
+                           rollouts=1)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    with pytest.raises(DataError, match=re.escape("reward 'judged': 1 of 32 responses of this batch were judged "
+                                                  "against malformed data (row 7: test 2 has no 'output'); the "
+                                                  "batch is not trained on")):
+        trainer.train()
+    assert trainer.state.global_step == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))

@@ -62,13 +62,13 @@ class Environment:
 
 ENVIRONMENTS = (
     Environment("cpu", "CPU suite, notebooks, JupyterLab (make test, make reproduce)",
-                ("pyproject.toml", "locks/cpu.in"), ("3.11",), extras=("test", "lab", "verl-test"), cpu_torch=True),
+                ("pyproject.toml", "locks/cpu.in"), ("3.11",), extras=("dev",), cpu_torch=True),
     Environment("gpu", "GPU training and evaluation with vLLM (pip install -e '.[gpu]')",
-                ("pyproject.toml",), ("3.11", "3.12"), extras=("gpu", "test", "lab")),
+                ("pyproject.toml",), ("3.11", "3.12"), extras=("gpu", "test", "lab")),  # gpu includes trl, notebooks
     Environment("unsloth", "SFT with unsloth (its own: unsloth caps trl and datasets below the main pins)",
-                ("locks/unsloth.in",), ("3.11", "3.12"), compared_extras=("test",)),
+                ("locks/unsloth.in",), ("3.11", "3.12"), compared_extras=("notebooks", "test")),
     Environment("verl", "RL on verl + Ray (its own: verl 0.9.1 pins torch 2.11.0 and transformers 5.9.0)",
-                ("locks/verl.in",), ("3.11", "3.12"), compared_extras=("verl-test",)),
+                ("locks/verl.in",), ("3.11", "3.12"), compared_extras=("trl", "verl", "ray", "verl-test")),
 )
 
 

@@ -76,7 +76,7 @@ from klear_lib.rewards import sandbox_json
 __all__ = [
     "SchemaError", "RLRecord", "SFTSample", "EvalProblem",
     "load_klear_rl", "load_openr1", "load_chat", "load_columns", "SFT_FAMILIES", "load_sft_source",
-    "load_eval_problems",
+    "load_eval_problems", "check_code_tests", "CODE_TEST_LIMITS",
     "write_jsonl", "klear_rl_row", "openr1_row", "messages_row", "aime_row", "hmmt_row", "lcb_row",
     "sft_sample_to_chat",
 ]
@@ -425,6 +425,133 @@ def is_code_record(data_source: str, ability: str) -> bool:
     return data_source.removesuffix("_longcot") in CODE_DATA_SOURCES or ability.lower() in CODE_ABILITIES
 
 
+#: What one code record's tests may hold (``check_code_tests``): tests per record, characters of one test's input
+#: (stdin, or the JSON of its arguments) and of its expected output, and of all of a record's tests together. The
+#: sandbox keeps a test's output to 4x the longest expected one, per stream (``rewards.code.output_cap``): a record
+#: at the caps costs a reward worker a few hundred MB at most, where 16 tests of 100 MB made a correct program
+#: score 0 (MemoryError).
+CODE_TEST_LIMITS = {"tests": 4096, "test_chars": 8 << 20, "record_chars": 64 << 20}
+
+
+def check_code_tests(tests: list | dict, ds: str, row: int, *, field: str = "reward_model.ground_truth",
+                     limits: dict | None = None) -> list[dict]:
+    """A code record's tests as ``klear_lib.rewards.code`` runs them: ``{"input": str, "output": str}``
+    (stdin/stdout) or ``{"fn_name": str, "args": list, "expected": JSON value}`` (a function call).
+
+    Layouts accepted, converted to that list:
+      * a list of those tests (extra keys ignored); a call test's ``args`` given as a JSON string of a list is
+        parsed (never split into characters);
+      * a list of LiveCodeBench tests ``{"input", "output", "testtype": "stdin" | "functional"}``, a functional one
+        naming its function in ``fn_name`` or ``metadata.func_name``: arguments one JSON value per input line, the
+        output JSON (as LiveCodeBench's grader reads them);
+      * a dict of parallel lists ``{"inputs": [...], "outputs": [...]}`` (APPS, TACO, the released reward code's
+        layout), with ``fn_name`` for function calls: each input a list of arguments or a str of one JSON value per
+        line, each output the value or its JSON text; stdin outputs given as a list of lines are joined.
+
+    Sizes are checked against ``CODE_TEST_LIMITS`` (``limits`` overrides some). Anything else is a ``SchemaError``
+    naming the dataset, the row, the field and the test."""
+    cap = {**CODE_TEST_LIMITS, **(limits or {})}
+    where = f"{ds} row {row}: field '{field}'"
+    if isinstance(tests, dict):
+        tests = _parallel_tests(tests, where)
+    if not isinstance(tests, list) or not tests:
+        raise SchemaError(f"{where} must hold a non-empty list of tests, got {_show(tests)}")
+    if len(tests) > cap["tests"]:
+        raise SchemaError(f"{where} holds {len(tests)} tests, above the cap of {cap['tests']} (CODE_TEST_LIMITS)")
+    out, total = [], 0
+    for j, test in enumerate(tests):
+        test = _one_test(test, f"{where} test {j}")
+        size = _test_chars(test)
+        if size > cap["test_chars"]:
+            raise SchemaError(f"{where} test {j} holds {size:,} characters of input and expected output, above the "
+                              f"cap of {cap['test_chars']:,} (CODE_TEST_LIMITS)")
+        total += size
+        out.append(test)
+    if total > cap["record_chars"]:
+        raise SchemaError(f"{where}: its tests hold {total:,} characters, above the cap of {cap['record_chars']:,} "
+                          "per record (CODE_TEST_LIMITS)")
+    return out
+
+
+def _parallel_tests(tests: dict, where: str) -> list[dict]:
+    """APPS/TACO ``{"inputs": [...], "outputs": [...], "fn_name"?}`` as a list of single tests."""
+    inputs, outputs, fn = tests.get("inputs"), tests.get("outputs"), tests.get("fn_name")
+    if not isinstance(inputs, list) or not isinstance(outputs, list):
+        raise SchemaError(f"{where} is a dict of tests but not {{'inputs': [...], 'outputs': [...]}}: keys "
+                          f"{sorted(tests)}")
+    if len(inputs) != len(outputs):
+        raise SchemaError(f"{where}: 'inputs' holds {len(inputs)} tests and 'outputs' {len(outputs)}")
+    if fn is None:
+        return [{"input": x, "output": "\n".join(y) if isinstance(y, list) and all(isinstance(s, str) for s in y)
+                 else y} for x, y in zip(inputs, outputs)]
+    out = []
+    for j, (x, y) in enumerate(zip(inputs, outputs)):
+        args = _json_lines(x, f"{where} test {j} input") if isinstance(x, str) else x
+        expected = _json_text(y, f"{where} test {j} output") if isinstance(y, str) else y
+        out.append({"fn_name": fn, "args": args, "expected": expected})
+    return out
+
+
+def _json_lines(text: str, where: str) -> list:
+    try:
+        return [sandbox_json.loads(line) for line in text.split("\n") if line.strip()]
+    except json.JSONDecodeError as err:
+        raise SchemaError(f"{where} must hold one JSON value per line ({err.msg}): {_show(text)}") from None
+
+
+def _json_text(text: str, where: str):
+    try:
+        return sandbox_json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SchemaError(f"{where} must be JSON ({err.msg}): {_show(text)}") from None
+
+
+def _one_test(test: Any, where: str) -> dict:
+    """One test checked and in the reward code's layout (``check_code_tests``)."""
+    if not isinstance(test, dict):
+        raise SchemaError(f"{where} must be an object, got {type(test).__name__} ({_show(test)})")
+    kind = test.get("testtype")
+    if kind == "functional" or (kind is None and "fn_name" in test):
+        fn = test.get("fn_name") or (test.get("metadata") or {}).get("func_name")
+        if not isinstance(fn, str) or not fn.isidentifier():
+            raise SchemaError(f"{where}: a function-call test needs 'fn_name' (an identifier), got {_show(fn)}")
+        if kind == "functional":  # LiveCodeBench: one JSON argument per input line, the output JSON
+            for key in ("input", "output"):
+                if not isinstance(test.get(key), str):
+                    raise SchemaError(f"{where}: field '{key}' of a functional test must be str, got "
+                                      f"{_show(test.get(key))}")
+            return {"fn_name": fn, "args": _json_lines(test["input"], f"{where} input"),
+                    "expected": _json_text(test["output"], f"{where} output")}
+        if "args" not in test or "expected" not in test:
+            raise SchemaError(f"{where}: a function-call test needs 'args' and 'expected', got keys {sorted(test)}")
+        args = test["args"]
+        if isinstance(args, str):  # a JSON list in a string: parsed, never split into characters
+            args = _json_text(args, f"{where} args")
+            if not isinstance(args, list):
+                raise SchemaError(f"{where}: field 'args' given as a string must be a JSON list, got JSON "
+                                  f"{type(args).__name__} ({_show(args)})")
+        if not isinstance(args, list):
+            raise SchemaError(f"{where}: field 'args' must be a list of arguments, got {type(args).__name__} "
+                              f"({_show(args)})")
+        return {"fn_name": fn, "args": args, "expected": test["expected"]}
+    if kind not in (None, "stdin"):
+        raise SchemaError(f"{where}: field 'testtype' must be 'stdin' or 'functional', got {_show(kind)}")
+    if "input" not in test or "output" not in test:
+        raise SchemaError(f"{where} must be {{'input', 'output'}} (stdin/stdout) or {{'fn_name', 'args', "
+                          f"'expected'}} (a function call), got keys {sorted(test)}")
+    for key in ("input", "output"):
+        if not isinstance(test[key], str):
+            raise SchemaError(f"{where}: field '{key}' of a stdin/stdout test must be str, got "
+                              f"{type(test[key]).__name__} ({_show(test[key])})")
+    return {"input": test["input"], "output": test["output"]}
+
+
+def _test_chars(test: dict) -> int:
+    if "input" in test:
+        return len(test["input"]) + len(test["output"])
+    return sandbox_json.json_size(test["args"]) + sandbox_json.json_size(test["expected"])
+
+
 def _parse_tests(text: str, ds: str, row: int) -> list | dict:
     field = "reward_model.ground_truth"
     try:
@@ -450,8 +577,10 @@ def load_klear_rl(name_or_path: str | Path, *, split: str = "train", ability: st
          "reward_model": {"ground_truth": str, "style": str}}     (extra columns, e.g. __index_level_0__, ignored)
 
     Mapping: ``data_source``, ``ability`` as they are; ``prompt`` -> list of ``{"role", "content"}``;
-    ``reward_model.ground_truth`` -> ``ground_truth``: the str itself for math, ``json.loads`` of it for code
-    (must give a non-empty list or dict); ``source_row`` = row index. A record is code when its
+    ``reward_model.ground_truth`` -> ``ground_truth``: the str itself for math; for code, ``json.loads`` of it,
+    checked and converted to ``klear_lib.rewards.code``'s test list by ``check_code_tests`` (layouts, types and
+    sizes against ``CODE_TEST_LIMITS``), so that a malformed test fails here, naming the dataset, the row and the
+    test, and not in training as a score; ``source_row`` = row index. A record is code when its
     ``data_source`` without ``_longcot`` is in ``CODE_DATA_SOURCES`` (``coder1_longcot`` in CodeSub-15K) or its
     ``ability`` is in ``CODE_ABILITIES``. ``ability`` keeps only records with that ``ability`` (every row is
     still validated); keeping none is an error that lists the abilities present.
@@ -465,7 +594,7 @@ def load_klear_rl(name_or_path: str | Path, *, split: str = "train", ability: st
         truth = _field(row, "reward_model.ground_truth", str, ds, i)
         _field(row, "reward_model.style", str, ds, i)
         if is_code_record(data_source, row_ability):
-            truth = _parse_tests(truth, ds, i)
+            truth = check_code_tests(_parse_tests(truth, ds, i), ds, i)
         records.append(RLRecord(data_source, prompt, row_ability, truth, i))
     if ability is not None:
         kept = [r for r in records if r.ability == ability]
@@ -625,31 +754,57 @@ def _user_message(row: dict, ds: str, i: int) -> str:
 
 def load_eval_problems(path_or_name: str | Path, *, split: str = "train", config: str | None = None,
                        cache_dir: str | Path | None = None) -> list[EvalProblem]:
-    """Benchmark problems from either schema of the Klear benchmark files (reference §7), row by row:
+    """Benchmark problems from every layout of the benchmark files the Klear repository releases (reference §7),
+    row by row:
 
-      * AIME rows ``{"meta": {"unique_id", "problem", "solution", "answer"}, "messages": [...]}``: id =
-        ``meta.unique_id``, problem = ``meta.problem``, answer = ``meta.answer``;
-      * HMMT rows ``{"id", "messages", "solution", "answer"}`` (no ``meta``): id = ``id``, problem = the first
-        user message's content with a trailing "Please reason step by step ..." instruction removed,
-        answer = ``answer``.
+      * AIME rows ``{"meta": {...}, "messages": [...]}``: id = ``meta.unique_id``, problem = ``meta.problem``, the
+        gold answer = ``meta.answer``, else ``meta.solution`` (``aime25.qs.jsonl`` has only ``solution``, and ints
+        for ``unique_id``, ``Year``, ``Problem Number`` and ``Part``; ``aime24.qs.jsonl`` has both, equal, and str
+        ids). The other ``meta`` keys (``Year``, ``Problem Number``, ``Part``, ``level``, ...) are not read;
+      * HMMT rows ``{"id", "messages", "solution", "answer"}`` (no ``meta``; ``HMMT-202502.jsonl``, int ids): id =
+        ``id``, problem = the first user message's content with a trailing "Please reason step by step ..."
+        instruction removed, the gold answer = ``answer``, else ``solution``;
+      * the output of the released ``benchmarks/inference.py``, ``{"meta": <one of the rows above>, "messages":
+        [..., the model's answer]}``: read as the benchmark row inside.
 
-    A row is AIME-shaped when its ``meta`` is not null. ``id`` and ``answer`` may be str or int (AIME answers
-    are integers; a file may store them as JSON numbers) and are returned as str. The released judge reads
-    ``meta`` only, so it scored every HMMT answer wrong; here both schemas give the same record.
+    A ``solution`` that is one ``\\boxed{...}`` gives what is inside. A row is AIME-shaped when its ``meta`` is
+    not null. ids and answers may be str or int and are returned as str. The released judge reads ``meta`` only,
+    so it scored every HMMT answer wrong; here every layout gives the same record. Errors name the file, the row
+    and the field.
     """
     ds, data = _load(path_or_name, split=split, config=config, cache_dir=cache_dir)
     problems = []
     for i, row in enumerate(data):
+        inner = row.get("meta")
+        if isinstance(inner, dict) and isinstance(inner.get("messages"), list):  # inference.py's output row
+            row = inner
         if row.get("meta") is not None:
+            if not isinstance(row["meta"], dict):
+                raise _wrong(ds, i, "meta", "an object (AIME layout) or null (HMMT layout)", row["meta"])
             uid = _field(row, "meta.unique_id", (str, int), ds, i)
             problem = _field(row, "meta.problem", str, ds, i).strip()
-            answer = _field(row, "meta.answer", (str, int), ds, i)
+            answer = _gold(row, "meta.", ds, i)
         else:
             uid = _field(row, "id", (str, int), ds, i)
             problem = _user_message(row, ds, i)
-            answer = _field(row, "answer", (str, int), ds, i)
-        problems.append(EvalProblem(str(uid), problem, str(answer).strip(), i))
+            answer = _gold(row, "", ds, i)
+        problems.append(EvalProblem(str(uid), problem, answer, i))
     return problems
+
+
+def _gold(row: dict, prefix: str, ds: str, i: int) -> str:
+    """The gold answer of a benchmark row: ``<prefix>answer``, else ``<prefix>solution`` (unboxed)."""
+    holder = row.get("meta") if prefix else row
+    for key in ("answer", "solution"):
+        if holder.get(key) is not None:
+            value = str(_field(row, prefix + key, (str, int), ds, i)).strip()
+            if key == "solution" and value.startswith("\\boxed{") and value.endswith("}"):
+                value = value[len("\\boxed{"):-1].strip()
+            if not value:
+                raise SchemaError(f"{ds} row {i}: field '{prefix}{key}' is empty; expected the gold answer")
+            return value
+    raise SchemaError(f"{ds} row {i}: field '{prefix}answer' is missing or null, and so is '{prefix}solution'; "
+                      "expected the gold answer (str or int) in one of them")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -21,13 +21,15 @@ Registry (``BENCHMARKS``)::
     tiny_arithmetic  math  8   synthetic: tasks.make_splits held-out                -
     tiny_code        code  8   synthetic: tasks.make_code_splits held-out           -
 
-Math (AIME, HMMT). ``path=`` a local JSONL/JSON/Parquet file in either schema of the Klear repo's benchmark
-files, read by ``hub.load_eval_problems`` (AIME rows ``meta.{unique_id, problem, answer}``, HMMT rows top-level
-``{id, messages, answer}``). Without ``path`` the rows come from a hub dataset (or any local file given as
-``source=``) through ``hub._load``, with the columns of ``MATH_HUB_COLUMNS`` (data, overridable by
-``id_column=``/``problem_column=``/``answer_column=``/``split=``): HuggingFaceH4/aime_2024 has ``id`` (int),
-``problem``, ``answer`` (str); the MathArena sets have ``problem_idx`` (int), ``problem``, ``answer`` (int or
-str). Either way the prompt is the problem text, then Klear's instruction ``MATH_INSTRUCTION``.
+Math (AIME, HMMT). ``path=`` a local JSONL/JSON/Parquet file in any layout of the Klear repo's benchmark files, read
+by ``hub.load_eval_problems`` (AIME rows ``meta.{unique_id, problem, answer}``, or ``meta.solution`` where there is
+no ``answer`` as in ``aime25.qs.jsonl``, str or int ids; HMMT rows top-level ``{id, messages, solution, answer}``;
+the released inference script's output rows, the benchmark row under ``meta``). Without ``path`` the rows come from
+a hub dataset (or any local file given as ``source=``) through ``hub._load``, with the columns of
+``MATH_HUB_COLUMNS`` (data, overridable by ``id_column=``/``problem_column=``/``answer_column=``/``split=``):
+HuggingFaceH4/aime_2024 has ``id`` (int), ``problem``, ``answer`` (str); the MathArena sets have ``problem_idx``
+(int), ``problem``, ``answer`` (int or str). Either way the prompt is the problem text, then Klear's instruction
+``MATH_INSTRUCTION``.
 
 Code (LiveCodeBench ``code_generation_lite``). One row per problem, all columns str::
 
@@ -43,7 +45,9 @@ Each ``testN.jsonl`` adds one release (dataset card): v3 (problems to Jul 2024, 
 713), v5 (to Jan 2025, 880), v6 (to Apr 2025). test4+test5 hold 268 problems while the v5 window is usually
 quoted as 279, so test3 (released mid-August 2024) is read as well in case its last problems fall in August; the
 window filter drops the rest. v6's window lies in test6 alone. ``data_files=`` overrides the files.
-``path=`` a local JSONL/Parquet file in the same schema. On either, the window ``[start, end)`` (start
+``path=`` a local JSONL/Parquet file in the same schema (``question_id`` str or int; ``metadata`` and the test
+columns JSON strings or already decoded; or the tests as the released reward code's ``input_output`` JSON,
+``{"inputs", "outputs", "fn_name"?}``, in place of the two test columns). On either, the window ``[start, end)`` (start
 inclusive, end exclusive, compared on ``contest_date``; ``window=`` overrides) keeps the benchmark's problems;
 none kept is a ValueError naming the benchmark, window and file. The private tests are decoded WITHOUT
 ``pickle.loads``: ``_NoGlobalsUnpickler`` refuses every global, so a payload can only build plain data (str,
@@ -234,6 +238,9 @@ def _parse_date(value: Any, ds: str, row: int) -> datetime:
 
 
 def _json_field(row: dict, key: str, ds: str, row_i: int) -> Any:
+    """A JSON-string column, decoded; a list or dict in its place (a copy of the data that decoded it) as it is."""
+    if isinstance(row.get(key), (list, dict)):
+        return row[key]
     text = hub._field(row, key, str, ds, row_i)
     try:
         return sandbox_json.loads(text)  # integers of any size (json.loads raises past 4,300 digits)
@@ -289,15 +296,26 @@ def _convert_test(test: Any, func_name: str | None, ds: str, row: int, where: st
 
 
 def decode_lcb_tests(row: dict, ds: str = "row", row_index: int = 0) -> list[dict]:
-    """Public then private tests of one LiveCodeBench row, in ``klear_lib.rewards.code``'s formats."""
-    metadata = _json_field(row, "metadata", ds, row_index)
+    """Public then private tests of one LiveCodeBench row, in ``klear_lib.rewards.code``'s formats. A row that
+    carries its tests as the released reward code's ``input_output`` instead (JSON ``{"inputs": [...], "outputs":
+    [...], "fn_name"?}``: LiveCodeBench's inputs, one JSON value per line for a function, and outputs) is read
+    through ``hub.check_code_tests``."""
+    if row.get("public_test_cases") is None and row.get("input_output") is not None:
+        return hub.check_code_tests(_json_field(row, "input_output", ds, row_index), ds, row_index,
+                                    field="input_output")
+    if row.get("metadata") is None:
+        metadata = {}  # no metadata: stdin problems need none, a functional test names the missing func_name
+    else:
+        metadata = _json_field(row, "metadata", ds, row_index)
     if not isinstance(metadata, dict):
         raise hub._wrong(ds, row_index, "metadata", "a JSON object", metadata)
     func_name = metadata.get("func_name")
     tests = []
+    private = row.get("private_test_cases")
+    private = private if isinstance(private, list) else _private_tests(
+        hub._field(row, "private_test_cases", str, ds, row_index), ds, row_index)
     for key, raw in (("public_test_cases", _json_field(row, "public_test_cases", ds, row_index)),
-                     ("private_test_cases", _private_tests(hub._field(row, "private_test_cases", str, ds, row_index),
-                                                           ds, row_index))):
+                     ("private_test_cases", private)):
         if not isinstance(raw, list):
             raise hub._wrong(ds, row_index, key, "a JSON list of tests", raw)
         tests += [_convert_test(t, func_name, ds, row_index, f"{key}[{j}]") for j, t in enumerate(raw)]

@@ -26,6 +26,13 @@ Options. Clip ranges come from verl's actor config (``clip_ratio_low``/``clip_ra
 field for comes from the JSON in ``KLEAR_VERL_LOSS``: ``beta_low``, ``beta_high``, ``gppo_beta_scales_value``,
 ``erc_low``, ``erc_high`` (the ERC variants default to the ERC paper's config bounds 0.8 / 1.2; its training
 scripts used 0.95 / 1.05) and ``sft_alpha`` (α, default 0.1 as in Klear's script; 0 turns the term off).
+The resolved options are logged (logger ``klear_lib.integrations.verl``) when the module loads, and again when
+verl's tracker starts (``verl.utils.tracking.Tracking``, in the process that runs the trainer), where they are
+complete: verl's clip ranges and loss mode from the run's config with ``KLEAR_VERL_LOSS``. There they are also added
+to the config the tracker records as the run's config (key ``klear_verl_loss``: wandb, mlflow, swanlab, clearml
+store it) and written as ``klear_verl_loss.json`` into ``trainer.default_local_dir``, beside verl's checkpoints.
+verl's own saved config (hydra's ``.hydra/config.yaml``) is written by the driver before this module can see it, so
+the options file sits beside the checkpoints instead (``resolved_options``).
 
 Aggregation (global normalisation). verl 0.9.1 normalises every micro-batch's loss by counts of the whole
 mini-batch over all data-parallel ranks and multiplies by the DP size: ``agg_loss`` computes
@@ -70,6 +77,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import json
+import logging
 import math
 import os
 import sys
@@ -98,6 +106,11 @@ POSITIVE_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 #: Non-tensor keys of the actor's mini-batch holding its global positive counts (set by the train_batch hook).
 POSITIVE_TOKENS_KEY = "klear_positive_tokens"
 POSITIVE_SEQS_KEY = "klear_positive_seqs"
+#: The resolved options: a key of the config verl's tracker records, and a file in ``trainer.default_local_dir``.
+OPTIONS_KEY = "klear_verl_loss"
+OPTIONS_FILE = "klear_verl_loss.json"
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -164,6 +177,55 @@ def klear_config(verl_config: Any, *, erc: bool, env: dict | None = None) -> los
         d["erc_low"] = opts.get("erc_low", DEFAULT_ERC[0])
         d["erc_high"] = opts.get("erc_high", DEFAULT_ERC[1])
     return losses.PolicyLossConfig.from_dict(d)
+
+
+def resolved_options(actor_config: Any = None, env: dict | None = None) -> dict:
+    """What the Klear losses run with: ``KLEAR_VERL_LOSS`` as given, α, and for each registered loss its
+    ``PolicyLossConfig`` (clip ranges from ``actor_config``, verl's actor config, when given; verl's defaults
+    otherwise), plus the loss mode ``actor_config`` selects. Raises on invalid options, as the losses would."""
+    text = (os.environ if env is None else env).get(OPTIONS_ENV, "")
+    out = {"env": {OPTIONS_ENV: text}, "sft_alpha": sft_alpha(env), "verl": VERIFIED_VERL,
+           "loss_mode": _get(_get(actor_config, "policy_loss", {}), "loss_mode", None),
+           "losses": {}}
+    for name, (klear_name, erc) in LOSSES.items():
+        cfg = klear_config(actor_config, erc=erc, env=env)
+        out["losses"][name] = {"klear_loss": klear_name, **{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}}
+    return out
+
+
+def _announce(text: str) -> None:
+    """One line on stderr through this module's logger (verl leaves the root logger at WARNING)."""
+    if not _log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        _log.addHandler(handler)
+        _log.setLevel(logging.INFO)
+        _log.propagate = False
+    _log.info(text)
+
+
+def record_options(config: dict) -> str | None:
+    """At the start of a verl run (its tracker's config, a plain dict of the whole run config): resolve the options
+    against the actor config, log them, add them under ``OPTIONS_KEY`` (so the tracker records them with the run's
+    config) and write them to ``trainer.default_local_dir``/``OPTIONS_FILE``; returns that path (None without a
+    ``default_local_dir``)."""
+    actor = _get(_get(config, "actor_rollout_ref", {}), "actor", None)
+    opts = resolved_options(actor)
+    config[OPTIONS_KEY] = opts
+    folder = _get(_get(config, "trainer", {}), "default_local_dir", None)
+    path = None
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(str(folder), OPTIONS_FILE)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(opts, f, indent=2, sort_keys=True)
+    mode = opts["loss_mode"]
+    used = opts["losses"].get(mode)
+    what = (f"actor loss {mode!r} runs with {json.dumps(used, sort_keys=True)}, sft_alpha={opts['sft_alpha']}"
+            if used else f"actor loss {mode!r} is not a Klear loss: the Klear options are unused")
+    _announce(f"{what}; options written to {path or 'no file (trainer.default_local_dir is unset)'} and to the "
+              f"tracker's config under {OPTIONS_KEY!r}")
+    return path
 
 
 def _rescale(loss_mat_mask: torch.Tensor, loss_agg_mode: str, info: dict) -> float:
@@ -429,8 +491,29 @@ def _when_imported(name: str, patch) -> None:
         sys.meta_path.insert(0, _AfterImport(name, patch))
 
 
+def hooked_tracking_init(original):
+    """``Tracking.__init__`` that first records the resolved options in the run's config (``record_options``)."""
+    if getattr(original, "_klear_hooked", False):
+        return original
+
+    @functools.wraps(original)
+    def __init__(self, project_name, experiment_name, default_backend="console", config=None):
+        if isinstance(config, dict):
+            record_options(config)
+        return original(self, project_name, experiment_name, default_backend, config)
+
+    __init__._klear_hooked = True
+    return __init__
+
+
+def _patch_tracking(module) -> None:
+    if hasattr(module, "Tracking"):
+        module.Tracking.__init__ = hooked_tracking_init(module.Tracking.__init__)
+
+
 def install_hooks() -> None:
     """Install the patches of the module docstring (now for loaded modules, on import for the others)."""
+    _when_imported("verl.utils.tracking", _patch_tracking)
     _when_imported("verl.workers.utils.losses", _patch_losses_module)
     _when_imported("verl.workers.engine_workers", _patch_engine_workers)
     _when_imported("verl.trainer.distillation.losses", _patch_losses_module)
@@ -446,6 +529,12 @@ def _load() -> None:
                       f"{version}: run tests/test_verl.py before trusting ERC runs", stacklevel=2)
     register()
     install_hooks()
+    opts = resolved_options()
+    erc = {n: (o["erc_low"], o["erc_high"]) for n, o in opts["losses"].items() if o["erc_low"] is not None}
+    first = opts["losses"]["gppo"]
+    _announce(f"registered {sorted(LOSSES)} in verl {version}'s policy-loss registry; {OPTIONS_ENV}="
+              f"{opts['env'][OPTIONS_ENV] or '(unset)'}: sft_alpha={opts['sft_alpha']}, beta_low={first['beta_low']}, "
+              f"beta_high={first['beta_high']}, ERC bounds {erc} (clip ranges: verl's actor config)")
 
 
 if importlib.util.find_spec("verl") is not None:

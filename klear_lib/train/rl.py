@@ -3,8 +3,11 @@
 How it departs from TRL's GRPOTrainer (and so from GRPO as TRL implements it):
 
 1. The policy loss is ``klear_lib.losses`` (any registered name: ``ppo_clip``/DAPO, ``cispo``, ``gspo``, ``gppo``),
-   ERC included, instead of the if/elif inside ``GRPOTrainer._compute_loss``. TRL's ``loss_type``,
-   ``epsilon`` and ``epsilon_high`` are ignored.
+   ERC included, instead of the if/elif inside ``GRPOTrainer._compute_loss``. TRL's loss settings are never
+   ignored (``klear_from_trl``): without ``klear=``, ``loss_type`` (``cispo``, ``grpo``, ``bnpo``, ``dr_grpo``),
+   ``epsilon``/``epsilon_high`` (the clip range) and ``importance_sampling_level="sequence"`` (``gspo``) become the
+   ``KlearLossConfig``; with ``klear=``, a TRL setting that disagrees with it is refused, naming the klear field.
+   ``beta`` > 0 and the TRL options klear has no counterpart for are refused.
 2. The rollout policy's per-token entropies are kept from the old-log-prob pass (TRL discards them) and handed
    to the loss as ``old_entropy`` for ERC. Log-probs and entropies come from ``klear_lib.logprobs`` on the
    backbone's hidden states (``KlearLossConfig.logprob_backend="klear"``) or from TRL's fused LM head ("trl").
@@ -18,7 +21,11 @@ How it departs from TRL's GRPOTrainer (and so from GRPO as TRL implements it):
    ``max_num_gen_batches``). A rollout that keeps fewer groups makes fewer optimizer steps; one that keeps none
    makes none (no AdamW step ever runs without a response token). From the second mini-batch of a rollout on,
    the ratio differs from 1, which is what every clip variant acts on (reference §1, "on-policy steps hide
-   GPPO"). Training counts rollouts, not steps (``rollouts``); ``on_rollout`` callbacks see every boundary.
+   GPPO"). Training counts rollouts, not steps or epochs (``rollouts``); ``on_rollout`` callbacks see every
+   boundary. A run that ends with fewer optimizer steps than planned warns, one that made none raises
+   (``NoUpdatesError``), each naming the filter rule, the share of groups kept and the fix; with
+   ``filter_rule="klear"``, reward functions whose declared ``reward_range`` cannot reach ``max_reward`` are
+   refused before training.
 5. The positive-sample SFT term ``α · NLL`` over fully-correct responses is added (reference §2). With several
    processes each token-mean is over the global mini-batch (docs/scale.md, "Token-mean normalisation").
 
@@ -35,6 +42,7 @@ generates the rollout it was in again).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -56,12 +64,24 @@ from klear_lib.config import checkpointing
 from klear_lib.data.tasks import exact_answer_reward, fork_token_mask, parse_fork_facts, prompt_messages
 from klear_lib.evaluation.heldout import arithmetic_probes, evaluate_heldout
 from klear_lib.logprobs import IGNORE_INDEX, token_logprobs_and_entropy
-from klear_lib.losses import ENTROPY_BUCKETS, compute_policy_loss, entropy_diagnostics, positive_sample_loss
+from klear_lib.losses import (
+    ENTROPY_BUCKETS,
+    POLICY_LOSSES,
+    PolicyLossConfig,
+    compute_policy_loss,
+    entropy_diagnostics,
+    positive_sample_loss,
+)
 from klear_lib.recipe import KlearLossConfig
 from klear_lib.train.tracking import add_hparams, tracking_env
 from klear_lib.train.tracking import names as tracker_names
 
 TRL_VERSION = "1.16.0"  # the TRL release whose internals this trainer overrides
+
+# KlearLossConfig and PolicyLossConfig are re-exported: a TRL user's script imports the trainer and its config from
+# one place (README, "GPPO+ERC in your own trainer").
+__all__ = ["KlearGRPOTrainer", "KlearLossConfig", "PolicyLossConfig", "NoUpdatesError", "DataError", "DATA_ERROR",
+           "klear_from_trl", "reward_total_range", "correctness_reward", "run_rl", "TRL_VERSION"]
 
 
 def causal_lm(model):
@@ -161,6 +181,112 @@ class _NoUpdatesLeft(Exception):
     """Raised before the first optimizer step when every rollout of the budget kept no group."""
 
 
+#: The reason a reward function gives (``RewardResult.reason`` in its ``last_results``) when the data it judges by is
+#: malformed (a code record's tests): the batch fails instead of being trained on that score.
+DATA_ERROR = "data_error"
+
+
+class DataError(ValueError):
+    """A reward function judged responses against malformed data (reason ``DATA_ERROR``)."""
+
+
+class NoUpdatesError(RuntimeError):
+    """A run that made no optimizer step: every group of every rollout was filtered (the message says why and what
+    to set). The model is unchanged."""
+
+
+# TRL's GRPO loss types that klear's registry reproduces: (KlearLossConfig.loss_name, loss_agg_mode). TRL's default,
+# "dapo" (PPO-clip, token-mean), stands for "not set": the KlearLossConfig default (GPPO, token-mean) applies.
+TRL_LOSS_TYPES = {
+    "cispo": ("cispo", "token-mean"),
+    "grpo": ("ppo_clip", "seq-mean-token-mean"),
+    "bnpo": ("ppo_clip", "token-mean"),
+    "dr_grpo": ("ppo_clip", "seq-mean-token-sum-norm"),
+}
+# GRPOConfig fields klear has no counterpart for: (TRL's value that means "off", what to do instead)
+TRL_UNSUPPORTED = {
+    "delta": (None, "klear's dual-clip is KlearLossConfig.policy_loss.clip_ratio_c"),
+    "top_entropy_quantile": (1.0, "klear's entropy-based token selection is ERC: KlearLossConfig.policy_loss"
+                                  ".erc_low/erc_high"),
+    "scale_rewards": ("group", "klear normalises advantages per group itself: KlearLossConfig.adv_std ('unbiased', "
+                               "'population' or 'none')"),
+    "off_policy_mask_threshold": (None, "klear has no off-policy sequence mask; leave it unset"),
+}
+
+
+def _trl_default(name: str):
+    return {f.name: f.default for f in dataclasses.fields(GRPOConfig)}[name]
+
+
+def klear_from_trl(args: GRPOConfig, klear: KlearLossConfig | None) -> KlearLossConfig:
+    """The ``KlearLossConfig`` a run uses, given TRL's loss settings in ``args``, so that none is silently ignored.
+
+    Without ``klear``: TRL's ``loss_type`` (``TRL_LOSS_TYPES``), ``epsilon``/``epsilon_high`` (the clip range, as
+    TRL reads them: ``epsilon_high`` defaults to ``epsilon``) and ``importance_sampling_level="sequence"`` (``gspo``)
+    are honoured on top of the ``KlearLossConfig`` defaults. With ``klear``: each TRL setting away from TRL's
+    default must agree with it, else a ValueError names the klear field to set. ``beta`` > 0, loss types without a
+    klear counterpart and ``TRL_UNSUPPORTED`` are refused either way."""
+    if args.beta != 0.0:
+        raise ValueError(f"GRPOConfig.beta={args.beta}: Klear's recipe has no KL term and KlearLossConfig none to "
+                         "set; set GRPOConfig.beta=0.0")
+    for name, (off, instead) in TRL_UNSUPPORTED.items():
+        if hasattr(args, name) and getattr(args, name) != off:
+            raise ValueError(f"GRPOConfig.{name}={getattr(args, name)!r} is not read by KlearGRPOTrainer: {instead}; "
+                             f"leave GRPOConfig.{name} at {off!r}")
+    want: dict[str, object] = {}  # KlearLossConfig field (dotted for policy_loss) -> what TRL's settings ask for
+    default_loss = _trl_default("loss_type")
+    if args.loss_type != default_loss:
+        if args.loss_type not in TRL_LOSS_TYPES:
+            raise ValueError(f"GRPOConfig.loss_type={args.loss_type!r} has no counterpart in klear's registry: set "
+                             f"KlearLossConfig.loss_name (one of {sorted(POLICY_LOSSES)}) and loss_agg_mode, and "
+                             f"leave loss_type at {default_loss!r}; TRL loss types klear reproduces: "
+                             f"{sorted(TRL_LOSS_TYPES)}")
+        want["loss_name"], want["loss_agg_mode"] = TRL_LOSS_TYPES[args.loss_type]
+        if args.loss_type == "dr_grpo":
+            want["policy_loss.loss_scale_factor"] = float(args.max_completion_length)
+    if args.importance_sampling_level != "token":
+        if args.importance_sampling_level != "sequence" or want.get("loss_name", "ppo_clip") != "ppo_clip":
+            raise ValueError(f"GRPOConfig.importance_sampling_level={args.importance_sampling_level!r} with "
+                             f"loss_type={args.loss_type!r}: set KlearLossConfig.loss_name='gspo' (GSPO's sequence "
+                             "ratio) and leave importance_sampling_level at 'token'")
+        want["loss_name"] = "gspo"
+    if args.epsilon != _trl_default("epsilon"):
+        want["policy_loss.clip_ratio_low"] = args.epsilon
+        want["policy_loss.clip_ratio_high"] = args.epsilon  # TRL: epsilon_high defaults to epsilon
+    if args.epsilon_high is not None:
+        want["policy_loss.clip_ratio_high"] = args.epsilon_high
+    trl_name = {"loss_name": "loss_type", "loss_agg_mode": "loss_type", "policy_loss.loss_scale_factor": "loss_type",
+                "policy_loss.clip_ratio_low": "epsilon", "policy_loss.clip_ratio_high": "epsilon_high"}
+    if klear is None:
+        top = {k: v for k, v in want.items() if "." not in k}
+        policy = {k.split(".", 1)[1]: v for k, v in want.items() if "." in k}
+        return KlearLossConfig(**top, policy_loss=dataclasses.replace(PolicyLossConfig(), **policy))
+    for key, value in want.items():
+        obj = klear.policy_loss if key.startswith("policy_loss.") else klear
+        have = getattr(obj, key.split(".")[-1])
+        if have != value:
+            src = "importance_sampling_level" if value == "gspo" else trl_name[key]
+            if key == "policy_loss.clip_ratio_high" and args.epsilon_high is None:
+                src = "epsilon"
+            raise ValueError(f"GRPOConfig.{src}={getattr(args, src)!r} asks for KlearLossConfig.{key}={value!r}, "
+                             f"but the klear= config given has {have!r}: set KlearLossConfig.{key}, and leave "
+                             f"GRPOConfig.{src} at TRL's default (or drop klear= to take TRL's settings)")
+    return klear
+
+
+def reward_total_range(funcs, weights) -> tuple[float, float] | None:
+    """The range of the weighted sum of the reward functions, from each one's declared ``reward_range`` (lo, hi);
+    None when one of them declares none (a reward model, a function without the attribute)."""
+    lo = hi = 0.0
+    for fn, w in zip(funcs, weights):
+        rng = getattr(fn, "reward_range", None)
+        if rng is None:
+            return None
+        a, b = float(w) * float(rng[0]), float(w) * float(rng[1])
+        lo, hi = lo + min(a, b), hi + max(a, b)
+    return lo, hi
+
+
 ROLLOUT_STATE_FILE = "klear_rollouts.json"  # saved beside each checkpoint: rollouts done, the prompt sampler
 
 
@@ -178,6 +304,10 @@ class KlearGRPOTrainer(GRPOTrainer):
     decay and momentum never move the weights without a response token). ``rollouts`` rollouts are run;
     ``args.max_steps`` must be at least ``rollouts × steps_per_generation``.
 
+    ``on_no_updates``: what a run that made no optimizer step does: ``"raise"`` (``NoUpdatesError``, the default)
+    or ``"warn"`` (as a short run does; ``run_rl`` uses it: its rollout records log every rollout's kept groups,
+    and an ablation arm whose filter keeps nothing, e.g. a hard reward in a sparse regime, is a result to report).
+
     ``on_rollout`` callbacks run at every rollout boundary, after the last update of a rollout (and once before the
     first), with the trainer and a record: ``rollout`` (rollouts done), ``step`` (optimizer steps done), ``final``,
     and the finished rollout's ``klear/*`` counts and TRL's generation metrics (``reward``, lengths ...).
@@ -185,13 +315,16 @@ class KlearGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, klear: KlearLossConfig | None = None, rollouts: int | None = None,
                  on_rollout: tuple[Callable[["KlearGRPOTrainer", dict], None], ...] = (),
-                 focus: Callable | None = None, **kwargs):
+                 focus: Callable | None = None, on_no_updates: str = "raise", **kwargs):
         if trl.__version__ != TRL_VERSION:
             warnings.warn(
                 f"KlearGRPOTrainer overrides TRL {TRL_VERSION} internals; TRL {trl.__version__} is installed. "
                 "Run tests/test_trl_contract.py before trusting its numbers.",
                 stacklevel=2,
             )
+        if on_no_updates not in ("raise", "warn"):
+            raise ValueError(f"on_no_updates must be 'raise' or 'warn', got {on_no_updates!r}")
+        self.on_no_updates = on_no_updates
         super().__init__(*args, **kwargs)
         if self.use_vllm and self.vllm_importance_sampling_correction:
             raise ValueError(
@@ -199,9 +332,7 @@ class KlearGRPOTrainer(GRPOTrainer):
                 "log-probs are the training model's, as in verl): set "
                 "GRPOConfig.vllm_importance_sampling_correction=False"
             )
-        self.klear = klear or KlearLossConfig()
-        if self.beta != 0.0:
-            raise ValueError(f"Klear uses no KL term: GRPOConfig.beta must be 0.0, got {self.beta}")
+        self.klear = klear_from_trl(self.args, klear)  # TRL's loss settings honoured or refused, never ignored
         if self.args.gradient_accumulation_steps != 1:
             raise ValueError("KlearGRPOTrainer packs whole mini-batches per optimizer step: set "
                              f"gradient_accumulation_steps=1, got {self.args.gradient_accumulation_steps}")
@@ -214,10 +345,20 @@ class KlearGRPOTrainer(GRPOTrainer):
         self.target_prompts = self.mini_batch_prompts * self.args.steps_per_generation
         gen = math.ceil(self.target_prompts * self.klear.oversample_factor)
         self.gen_prompts = math.ceil(gen / world) * world  # every process generates the same number of prompts
-        default_budget = self.args.max_steps // self.args.steps_per_generation
+        spg = self.args.steps_per_generation
+        if rollouts is None and self.args.max_steps <= 0:
+            raise ValueError(
+                f"KlearGRPOTrainer counts rollouts, not epochs (GRPOConfig.max_steps={self.args.max_steps}, "
+                f"num_train_epochs={self.args.num_train_epochs} is not read): pass rollouts=N to KlearGRPOTrainer "
+                f"(each rollout makes at most steps_per_generation={spg} optimizer steps), or set "
+                f"GRPOConfig.max_steps to a multiple of steps_per_generation")
+        if rollouts is not None and self.args.max_steps <= 0:
+            self.args.max_steps = rollouts * spg  # epoch-based config: the rollout budget sets the length
+        default_budget = self.args.max_steps // spg
         self.rollout_budget = rollouts if rollouts is not None else default_budget
         if self.rollout_budget < 1:
-            raise ValueError(f"rollouts must be >= 1, got {self.rollout_budget}")
+            raise ValueError(f"rollouts must be >= 1, got {self.rollout_budget}: pass rollouts=N to KlearGRPOTrainer "
+                             f"or set GRPOConfig.max_steps >= steps_per_generation={spg}")
         if self.args.max_steps < self.rollout_budget * self.args.steps_per_generation:
             raise ValueError(f"max_steps={self.args.max_steps} is below rollouts × steps_per_generation = "
                              f"{self.rollout_budget} × {self.args.steps_per_generation}: the run would stop early")
@@ -238,7 +379,54 @@ class KlearGRPOTrainer(GRPOTrainer):
         self._pending: dict | None = None  # the current rollout's record, reported after its last update
         self._sampler_rng = random.Random(f"klear-prompts:{self.args.seed}")
         self._order: list[int] = []
+        self._groups = [0, 0]  # groups generated, kept: since train() was called
+        self._best_reward = -math.inf
+        self._steps_made = 0
+        self._check_reward_range()
         self.add_callback(_RolloutDriver(self))
+
+    def _check_reward_range(self) -> None:
+        """Refuse, before training, a Klear group filter that no response can pass: the reward functions' declared
+        ranges (``reward_range``) give a total that never equals ``max_reward``, so no response is fully correct."""
+        k = self.klear
+        if not (k.filter_groups and k.filter_rule == "klear"):
+            return
+        rng = reward_total_range(self.reward_funcs, self.reward_weights.tolist())
+        if rng is not None and not rng[0] <= k.max_reward <= rng[1]:
+            raise ValueError(
+                f"filter_rule='klear' keeps a group only when some but not all of its responses are fully correct "
+                f"(reward == KlearLossConfig.max_reward={k.max_reward}), but the reward functions' declared ranges "
+                f"give totals in [{rng[0]}, {rng[1]}]: every group would be filtered and no step made. Set "
+                f"KlearLossConfig.max_reward to what a fully correct response scores, or filter_rule='dapo' (the "
+                f"rewards must vary), or filter_groups=False")
+
+    def _filter_message(self, made: int, planned: int) -> str:
+        """Why a run made ``made`` of ``planned`` optimizer steps, and what to set."""
+        k = self.klear
+        generated, kept = self._groups
+        share = kept / generated if generated else 0.0
+        head = (f"KlearGRPOTrainer made {made} of {planned} planned optimizer steps: filter_rule={k.filter_rule!r} "
+                f"kept {kept} of {generated} generated groups ({share:.1%})")
+        best = f"{self._best_reward:.4g}" if math.isfinite(self._best_reward) else "none"
+        if k.filter_rule == "klear":
+            why = (f"; it keeps a group only when some but not all of its responses reach "
+                   f"KlearLossConfig.max_reward={k.max_reward} (fully correct), and the highest reward seen was "
+                   f"{best}. Fix: with a continuous or differently scaled reward set filter_rule='dapo' (keep groups "
+                   f"whose rewards vary) or KlearLossConfig.max_reward to what a fully correct response scores; "
+                   f"otherwise raise oversample_factor or max_gen_batches, or set filter_groups=False")
+        else:
+            why = ("; it keeps a group only when its rewards vary. Fix: a reward that separates the responses, more "
+                   "num_generations, a larger oversample_factor or max_gen_batches, or filter_groups=False")
+        return head + why
+
+    def _check_steps_made(self, planned: int) -> None:
+        """After a run: raise when it made no optimizer step, warn when it made fewer than planned."""
+        if planned <= 0:
+            return
+        if self._steps_made == 0 and self.on_no_updates == "raise":
+            raise NoUpdatesError(self._filter_message(0, planned) + "; the model is unchanged")
+        if self._steps_made < planned:
+            warnings.warn(self._filter_message(self._steps_made, planned), stacklevel=3)
 
     # -- rollout: keep the entropies and the raw rewards that TRL throws away --------------------------------
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *a, **kw):
@@ -263,8 +451,22 @@ class KlearGRPOTrainer(GRPOTrainer):
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._check_data_errors()
         self._last_rewards = rewards_per_func  # (N_all, n_funcs), gathered over processes
         return rewards_per_func
+
+    def _check_data_errors(self) -> None:
+        """Fail the batch, loudly, when a reward function reports that it judged against malformed data (a result
+        with reason ``DATA_ERROR`` in its ``last_results``, as ``rewards.pool.make_trl_reward_func`` keeps them):
+        its score says nothing about the response, and training on it would be training on noise."""
+        for name, fn in zip(self.reward_func_names, self.reward_funcs):
+            results = getattr(fn, "last_results", None) or []
+            bad = [r for r in results if getattr(r, "reason", None) == DATA_ERROR]
+            if bad:
+                raise DataError(f"reward {name!r}: {len(bad)} of {len(results)} responses of this batch were judged "
+                                f"against malformed data ({bad[0].detail or 'no detail'}); the batch is not trained "
+                                "on. Fix the dataset row (klear_lib.data.hub.load_klear_rl checks code records' "
+                                "tests when it loads and names the row)")
 
     def _generate_and_score_completions(self, inputs):
         self._capture_old_entropy, self._captured_old_entropy = True, None
@@ -276,6 +478,7 @@ class KlearGRPOTrainer(GRPOTrainer):
         k = self.klear
         weights = self.reward_weights.to(self._last_rewards.device)
         rewards = torch.nansum(self._last_rewards * weights, dim=1)  # (N_all,)
+        self._last_total_rewards = rewards
         group = self.num_generations if mode == "train" else self.num_generations_eval
         adv = grpo_advantages(rewards, group, std=k.adv_std, eps=k.adv_eps)  # (N_all,)
         if k.filter_groups:
@@ -323,6 +526,9 @@ class KlearGRPOTrainer(GRPOTrainer):
             out = self._generate_and_score_completions(rows)
             gathered = self._last_group_keep  # (gen_prompts,) in gather order: process by process
             kept = [g for g in range(self.gen_prompts) if gathered[(g % world) * n_local + g // world]]
+            self._groups[0] += self.gen_prompts
+            self._groups[1] += len(kept)
+            self._best_reward = max(self._best_reward, float(self._last_total_rewards.max()))
             order += [(len(parts), g) for g in kept][: self.target_prompts - len(order)]
             parts.append(out)
             generated += self.gen_prompts
@@ -401,16 +607,23 @@ class KlearGRPOTrainer(GRPOTrainer):
         return self._queue.pop(0)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """TRL's training loop over rollouts. Raises ``NoUpdatesError`` when no optimizer step was made and warns
+        when fewer than ``rollouts × steps_per_generation`` were, naming the filter, its kept share and the fix."""
         if resume_from_checkpoint:
             self._load_rollout_state(resume_from_checkpoint)
+        planned = (self.rollout_budget - self.rollouts_done) * self.args.steps_per_generation
+        self._groups, self._best_reward, self._steps_made = [0, 0], -math.inf, 0
+        out = None
         try:
-            return super().train(resume_from_checkpoint, *args, **kwargs)
+            out = super().train(resume_from_checkpoint, *args, **kwargs)
         except _NoUpdatesLeft:  # every rollout of the budget kept nothing: no optimizer step was taken
-            return None
+            pass
         finally:
             if self._pending is not None:
                 self._report(self._pending)
                 self._pending = None
+        self._check_steps_made(planned)
+        return out
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
@@ -580,6 +793,7 @@ class _RolloutDriver(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         t = self.trainer
+        t._steps_made += 1
         if not t._queue:
             t._refill()
             if not t._queue:
@@ -711,6 +925,9 @@ def correctness_reward(completions, answer, **kwargs) -> list[float]:
     return [exact_answer_reward(t, a)[0] for t, a in zip(texts, answer)]
 
 
+correctness_reward.reward_range = (0.0, 1.0)  # KlearGRPOTrainer checks the Klear filter can be met before training
+
+
 def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None, output_dir=None, progress=print,
            rows=None, reward_funcs=None, evaluate=None, probe=None, save_dir=None, tracking_dir=None):
     """RL from ``model`` (the SFT start) with ``cfg`` (an ``RLExperimentConfig``); returns (model, eval history).
@@ -809,6 +1026,7 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
         rollouts=cfg.rollouts,
         on_rollout=(recorder,),
         focus=focus,
+        on_no_updates="warn",  # a notebook arm whose filter keeps nothing is a result; the records show it
         callbacks=[MetricsCallback(writer, tags)],
     )
     trainer.remove_callback(PrinterCallback)  # one progress line per evaluation instead of a dict per step
