@@ -150,8 +150,20 @@ def _write_status(run_dir: pathlib.Path, status: dict) -> bool:
     return True
 
 
-def _finish_record(run_dir: pathlib.Path, clock: float) -> None:
-    """Add the end time and the seconds to params.json (the report shows every run's time)."""
+def _cpu_seconds() -> float:
+    """CPU time (user + system) of this process and of its children that have ended and been waited for: the
+    kernel, once papermill has shut it down, with the workers it waited for. The difference across a run is the
+    run's CPU time; wall-clock alone hides whether a slow run waited or worked."""
+    import resource
+
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def _finish_record(run_dir: pathlib.Path, clock: float, cpu: float) -> None:
+    """Add the end time, the seconds and the CPU seconds to params.json (the report shows every run's time and sums
+    them in its card). A resumed run adds what it took before; a run first made before CPU time was recorded gets
+    none (its earlier part is not known)."""
     path = run_dir / runs.PARAMS_FILE
     try:
         import json
@@ -161,6 +173,8 @@ def _finish_record(run_dir: pathlib.Path, clock: float) -> None:
         return
     record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     record["seconds"] = round(record.get("seconds_before", 0.0) + time.monotonic() - clock, 1)
+    if record.get("cpu_seconds_before", 0.0) is not None:
+        record["cpu_seconds"] = round(record.get("cpu_seconds_before", 0.0) + _cpu_seconds() - cpu, 1)
     try:
         runs.write_atomic(path, runs.to_json_text(record, indent=2) + "\n")
     except OSError:  # a full disk: the record stays as it was at the start (the run's time is not known)
@@ -297,7 +311,7 @@ def run_notebook(
     (run_dir / runs.STATUS_FILE).unlink(missing_ok=True)
     _warn_if_foreign_kernel()
     _write_notebook_atomically(run_dir)
-    clock, oom_before = time.monotonic(), _oom_kills()
+    clock, cpu, oom_before = time.monotonic(), _cpu_seconds(), _oom_kills()
     # The kernel inherits these: the notebook's preset.json names klear as its launcher and compares the parameters
     # with the presets klear read them from (klear_lib.notebook.start_run).
     kernel_env = contextlib.ExitStack()
@@ -315,14 +329,14 @@ def run_notebook(
             )
     except KeyboardInterrupt:
         _write_status(run_dir, {"status": "interrupted", "cause": "Ctrl-C (SIGINT)", **_last_cell(output)})
-        _finish_record(run_dir, clock)
+        _finish_record(run_dir, clock, cpu)
         raise RunInterrupted(run_dir) from None
     except Exception as err:  # PapermillExecutionError, or a dead kernel: both leave `output` behind
         full = _disk_full_what(err)
         if full is not None:
             _write_status(run_dir, {"status": "failed", "cause": "the disk is full", "error": full,
                                     **_last_cell(output)})
-            _finish_record(run_dir, clock)
+            _finish_record(run_dir, clock, cpu)
             raise DiskFull(name, run_dir, err, full, resumable=True) from None
         dead = type(err).__name__ == "DeadKernelError" or "kernel died" in str(err).lower()
         oom_after = _oom_kills()
@@ -333,11 +347,11 @@ def run_notebook(
         if dead and oom_before is not None and oom_after is not None and oom_after > oom_before:
             status["cause"] = "the kernel died: out of memory (the cgroup's oom_kill count rose)"
         _write_status(run_dir, status)
-        _finish_record(run_dir, clock)
+        _finish_record(run_dir, clock, cpu)
         raise NotebookFailed(name, output, err, cell=status.get("cell")) from err
     finally:
         kernel_env.close()
-    _finish_record(run_dir, clock)
+    _finish_record(run_dir, clock, cpu)
     return run_dir
 
 
@@ -371,6 +385,8 @@ def _resume_record(run_dir: pathlib.Path, layout: Layout):
         raise KlearError(f"--resume {run_dir}: {runs.PARAMS_FILE} is unreadable ({err})") from None
     notebook = resolve_notebook(name, layout.notebooks_dir)
     record["seconds_before"] = float(record.get("seconds", 0.0))
+    had_cpu = "cpu_seconds" in record or "seconds" not in record  # else its earlier CPU time was never recorded
+    record["cpu_seconds_before"] = float(record.get("cpu_seconds", 0.0)) if had_cpu else None
     record.setdefault("resumed", []).append(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     metrics = run_dir / runs.METRICS_FILE
     if metrics.is_file():  # the notebook writes it again (units of work rebuild it from their own files)
