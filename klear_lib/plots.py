@@ -231,13 +231,18 @@ def _standardised(r) -> float | None:
     return float(sd) if isinstance(sd, (int, float)) and math.isfinite(sd) and sd > 0 else None
 
 
-def forest_label(r, width: int = 34) -> str:
+def _raw(value: float) -> str:
+    """A raw effect or interval end beside its row: signed, 3 significant digits, an exact 0 as ``0``."""
+    return "0" if value == 0 else f"{value:+.3g}"
+
+
+def forest_label(r, width: int = 40) -> str:
     """A forest row's name: the notebook's number and the claim in a few words (``report_data.short_claim``),
     wrapped to two lines at most; a smoke or custom run's preset after it."""
     from klear_lib.report_data import MARKED_PRESETS, notebook_number, short_claim
 
     mark = f" ({r['preset']})" if r.get("preset") in MARKED_PRESETS else ""
-    lines = textwrap.wrap(r.get("short") or short_claim(r["claim"]), width) or [""]
+    lines = textwrap.wrap(r.get("short") or short_claim(r["claim"]), width, break_on_hyphens=False) or [""]
     if len(lines) > 2:
         lines = [lines[0], textwrap.shorten(" ".join(lines[1:]), width, placeholder="…")]
     return f"{notebook_number(str(r['notebook']))}  " + "\n      ".join(lines) + mark
@@ -267,14 +272,16 @@ def forest_figure(rows):
         ys.append(y)
         y += 1.0
         previous = r["role"]
-    reach = 2.5
+    low, high = -2.5, 2.5  # at least ±2.5 sd: a row of small effects is not blown up to fill the axis
     for r in rows:
         sd = _standardised(r)
         if sd is not None:
-            values = [r["ci_low"], r["ci_high"], *r["per_seed"].values(), r.get("mde") or 0.0]
-            reach = max(reach, *(abs(float(v)) / sd for v in values))
-    reach *= 1.08
-    fig = Figure(figsize=(11, 0.5 * y + 1.9), layout="constrained")
+            values = [float(v) / sd for v in (r["ci_low"], r["ci_high"], *r["per_seed"].values())]
+            band = (r.get("mde") or 0.0) / sd
+            low, high = min(low, *values, -band), max(high, *values, band)
+    pad = 0.06 * (high - low)
+    low, high = low - pad, high + pad
+    fig = Figure(figsize=(11, 0.42 * y + 1.7), layout="constrained")
     ax = fig.add_subplot()
     for yy, r in zip(ys, rows):
         sd = _standardised(r)
@@ -284,28 +291,33 @@ def forest_figure(rows):
             ax.text(0.25, yy, f"{r['seeds']} seed{'s' if r['seeds'] != 1 else ''}, no spread: no sd to scale by",
                     va="center", fontsize=7.5, color="#555", style="italic")
         else:
-            band = r["mde"] / sd if r.get("mde") else (reach if r.get("undetectable") else 0.0)
-            if band:
-                ax.fill_betweenx([yy - 0.38, yy + 0.38], -band, band, color="#e3e3e3", lw=0, zorder=1)
+            band = (-r["mde"] / sd, r["mde"] / sd) if r.get("mde") else (low, high) if r.get("undetectable") else None
+            if band:  # undetectable at these seeds: the whole axis
+                ax.fill_betweenx([yy - 0.38, yy + 0.38], *band, color="#e3e3e3", lw=0, zorder=1)
             dots = [float(v) / sd for v in r["per_seed"].values()]
             ax.scatter(dots, [yy] * len(dots), s=10, color="#666", alpha=0.7, zorder=2, lw=0)
             ax.plot([r["ci_low"] / sd, r["ci_high"] / sd], [yy, yy], color=color, lw=2.6, zorder=3,
                     solid_capstyle="butt")
             ax.plot([r["effect"] / sd], [yy], marker="D", color=color, ms=6.5, zorder=4, ls="none")
-        raw = "0" if r["effect"] == 0 else f"{r['effect']:+.3g}"
-        lo, hi = (("0" if v == 0 else f"{v:+.3g}") for v in (r["ci_low"], r["ci_high"]))
-        ax.text(1.01, yy, f"{raw} [{lo}, {hi}]", transform=ax.get_yaxis_transform(), va="center", fontsize=8,
-                family="monospace", color=color)
     for role in dict.fromkeys(r["role"] for r in rows):
         first = ys[[r["role"] for r in rows].index(role)]
         ax.text(-0.005, first - 0.62, _ROLE_TITLES.get(role, role), transform=ax.get_yaxis_transform(), ha="right",
                 va="bottom", fontsize=8, weight="bold", color="#333")
-    ax.text(1.01, -0.75, "raw effect [95% interval]", transform=ax.get_yaxis_transform(), fontsize=8, va="bottom",
-            color="#333", weight="bold")
     ax.axvline(0, color="#444", lw=0.8, zorder=1.5)
     ax.set_yticks(ys, [forest_label(r) for r in rows], fontsize=8)
     ax.set_ylim(y - 0.4, -0.9)
-    ax.set_xlim(-reach, reach)
+    # The raw effects as the tick labels of a right-hand axis: the layout makes room for them as for any label.
+    raw = ax.twinx()
+    raw.set_ylim(ax.get_ylim())
+    raw.set_yticks(ys, [f"{_raw(r['effect'])} [{_raw(r['ci_low'])}, {_raw(r['ci_high'])}]" for r in rows],
+                   fontsize=8, family="monospace")
+    for label, r in zip(raw.get_yticklabels(), rows):
+        label.set_color(VERDICT_COLORS[r.get("outcome", r["verdict"])])
+    raw.tick_params(axis="y", length=0)
+    raw.set_ylabel("raw effect [95% interval]", fontsize=8.5, rotation=270, labelpad=12)
+    for side in ("top", "right", "left"):
+        raw.spines[side].set_visible(False)
+    ax.set_xlim(low, high)
     ax.xaxis.set_major_locator(MaxNLocator(nbins=9, steps=[1, 2, 2.5, 5, 10]))
     fmt = ScalarFormatter(useOffset=False)
     fmt.set_scientific(False)
@@ -313,8 +325,7 @@ def forest_figure(rows):
     ax.tick_params(axis="x", labelsize=8)
     ax.tick_params(axis="y", length=0)
     ax.grid(axis="x", alpha=0.25)
-    ax.set_xlabel("standardised effect: effect ÷ paired sd of the seeds (0 = no difference; the paper's "
-                  "direction is + unless the claim says lower)", fontsize=8.5)
+    ax.set_xlabel("standardised effect: effect ÷ paired sd of the seeds (0 = no difference)", fontsize=8.5)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     handles = [Patch(color=c, label=v) for v, c in VERDICT_COLORS.items()] + [

@@ -132,6 +132,12 @@ def sentence(text: str) -> str:
     return text[:at] + stripped[:1].upper() + stripped[1:]
 
 
+def listing(items: Sequence[Any]) -> str:
+    """``a``, ``a and b``, ``a, b and c``: a list in a sentence."""
+    items = [str(i) for i in items]
+    return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def tally(counts: Mapping[str, int]) -> str:
     """``1 reproduced, 0 reversed, 2 inconclusive``: every key, zeros included (a zero is news in a tally)."""
     return ", ".join(f"{n} {k}" for k, n in counts.items()) or "none"
@@ -212,8 +218,9 @@ def environment(page: bool = True) -> jinja2.Environment:
                              lstrip_blocks=True, keep_trailing_newline=True,
                              extensions=["jinja2.ext.do"], finalize=_escape if page else None)
     env.filters.update(fmt=fmt, signed=signed, num=num, plural=plural, counted=counted, sentence=sentence,
-                       tally=tally, duration=duration, time_text=time_text, preset_warning=preset_warning,
-                       md_table=md_table, overview_error=overview_error, number=report_data.notebook_number)
+                       listing=listing, tally=tally, duration=duration, time_text=time_text,
+                       preset_warning=preset_warning, md_table=md_table, overview_error=overview_error,
+                       number=report_data.notebook_number)
     env.tests["num"] = _is_num
     env.globals.update(marked_presets=MARKED_PRESETS, verdict_text=VERDICT_TEXT, fragile_html=Markup(FRAGILE_HTML))
     return env

@@ -413,7 +413,7 @@ VERDICT_TEXT = {  # each verdict phrased for what was shown: an effect in the ti
     "inconclusive": "the stand-in cannot tell (no effect as large as the MDE was seen)",
 }
 ROLE_ORDER = {"primary": 0, "secondary": 1, "check": 2}
-SHORT_CLAIM_CHARS = 64
+SHORT_CLAIM_CHARS = 66
 
 
 def short_claim(text: str, limit: int = SHORT_CLAIM_CHARS) -> str:

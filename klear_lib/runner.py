@@ -439,7 +439,8 @@ def write_reproduce_log(layout: Layout, log: dict) -> None:
 
 
 def make_report(layout: Layout, preset: str = "tiny", *, progress_bar: bool = True) -> pathlib.Path:
-    """Write ``<output root>/report.html`` from every run directory under the output root.
+    """Write ``<output root>/report.html`` from every run directory under the output root, and its card beside it
+    (``report.md``).
 
     Through the ``00_report`` notebook when the notebooks folder has one with this preset (its executed copy
     lands in its own run directory); directly through ``klear_lib.report`` otherwise, or if that notebook fails.
@@ -456,5 +457,8 @@ def make_report(layout: Layout, preset: str = "tiny", *, progress_bar: bool = Tr
             print(f"klear: {err}\nklear: writing the report without the notebook", file=sys.stderr)
         else:
             if out.is_file():
+                report.write_card(layout.output_root)
                 return out
-    return report.render_report(layout.output_root, out)
+    out = report.render_report(layout.output_root, out)
+    report.write_card(layout.output_root)
+    return out
