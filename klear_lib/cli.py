@@ -95,8 +95,28 @@ def _cmd_run(args: argparse.Namespace, layout: runner.Layout) -> int:
         print(f"klear: {err}", file=sys.stderr)
         return 130
     runner.report_contract(run_dir)
+    _print_card(run_dir=run_dir)
     print(run_dir)
     return 0
+
+
+def _print_card(*, run_dir: pathlib.Path | None = None, output_root: pathlib.Path | None = None,
+                report_path: pathlib.Path | None = None) -> None:
+    """The report card (klear_lib.report): one run's claims on stderr after ``klear run`` (stdout stays the run
+    directory alone, for scripts), every notebook's after ``klear reproduce`` on stdout. A card that cannot be read
+    is one line of warning: the run itself is done."""
+    from klear_lib import report
+
+    try:
+        if run_dir is not None:
+            text = report.card_markdown(report.run_card(report.read_run(run_dir)), single=True,
+                                        title=f"{run_dir.parent.name} {run_dir.name}")
+        else:
+            text = report.card_markdown(report.gather(output_root).card, report=report_path)
+    except (OSError, ValueError) as err:
+        print(f"klear: warning: no report card: {err}", file=sys.stderr)
+        return
+    print("\n" + text, file=sys.stderr if run_dir is not None else sys.stdout, flush=True)
 
 
 def _cmd_prepare(args: argparse.Namespace, layout: runner.Layout) -> int:
@@ -208,6 +228,7 @@ def _cmd_reproduce(args: argparse.Namespace, layout: runner.Layout) -> int:
         print(f"{name:<{width}}  {status:<10}  {seconds:>6.1f}s  {where}")
     total = time.monotonic() - clock
     print(f"total: {total:.0f}s ({total / 60:.1f} min); report: {report_path}")
+    _print_card(output_root=layout.output_root, report_path=report_path)
     failed = [r[0] for r in rows if r[1] in ("FAILED", "ERROR")]
     if failed:
         print(f"klear: {len(failed)} of {len(rows) - 1} notebooks failed: {', '.join(failed)}", file=sys.stderr)

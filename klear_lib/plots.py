@@ -215,3 +215,146 @@ def seed_table(df: pd.DataFrame, columns: list[str], *, by: str | list[str] = "v
         row["seeds"] = g[seed].nunique()
         rows.append(row)
     return pd.DataFrame(rows).set_index(keys)
+
+
+# -- the report's figures (klear_lib.report): a matplotlib Figure without pyplot, so that rendering the report
+# leaves the caller's backend and open figures alone.
+
+VERDICT_COLORS = {"reproduced": "#2e7d32", "reversed": "#c62828", "inconclusive": "#7a7a7a"}
+_ROLE_TITLES = {"primary": "primary claims", "secondary": "secondary claims", "check": "paired checks"}
+
+
+def _standardised(r) -> float | None:
+    """The paired sd a claim's row is divided by, or None when its seeds have no spread to scale by (one seed,
+    or every seed the same difference)."""
+    sd = r.get("sd")
+    return float(sd) if isinstance(sd, (int, float)) and math.isfinite(sd) and sd > 0 else None
+
+
+def _raw(value: float) -> str:
+    """A raw effect or interval end beside its row: signed, 3 significant digits, an exact 0 as ``0``."""
+    return "0" if value == 0 else f"{value:+.3g}"
+
+
+def forest_label(r, width: int = 40) -> str:
+    """A forest row's name: the notebook's number and the claim in a few words (``report_data.short_claim``),
+    wrapped to two lines at most; a smoke or custom run's preset after it."""
+    from klear_lib.report_data import MARKED_PRESETS, notebook_number, short_claim
+
+    mark = f" ({r['preset']})" if r.get("preset") in MARKED_PRESETS else ""
+    lines = textwrap.wrap(r.get("short") or short_claim(r["claim"]), width, break_on_hyphens=False) or [""]
+    if len(lines) > 2:
+        lines = [lines[0], textwrap.shorten(" ".join(lines[1:]), width, placeholder="…")]
+    return f"{notebook_number(str(r['notebook']))}  " + "\n      ".join(lines) + mark
+
+
+def forest_figure(rows):
+    """One row per paired claim (primary first, then secondary, then the paired checks such as the A/A noise
+    floor), all on one x axis: the standardised effect, effect ÷ the paired sd of the seeds (Cohen's d_z), with its
+    95% interval, each seed's difference as a dot and the band of effects the run had under 80% power to detect
+    (MDE ÷ sd). The claims' metrics differ (an area under a probe, an accuracy, a CV), so a raw axis per row would
+    make rows incomparable and draw a zero effect on a ×1e-12 scale; in sd units they compare by eye, and the raw
+    effect and interval are printed at the right of each row. A row whose seeds have no spread (one seed, as in a
+    smoke run) has no sd to divide by: it is drawn as a ring at 0 and says so. Coloured by verdict (a check by
+    the rule's outcome); a legend below. None without a paired claim."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
+
+    rows = [r for r in rows if "per_seed" in r]
+    if not rows:
+        return None
+    ys, y, previous = [], 0.0, None
+    for r in rows:
+        if previous is not None and r["role"] != previous:
+            y += 0.7  # a gap between roles
+        ys.append(y)
+        y += 1.0
+        previous = r["role"]
+    low, high = -2.5, 2.5  # at least ±2.5 sd: a row of small effects is not blown up to fill the axis
+    for r in rows:
+        sd = _standardised(r)
+        if sd is not None:
+            values = [float(v) / sd for v in (r["ci_low"], r["ci_high"], *r["per_seed"].values())]
+            band = (r.get("mde") or 0.0) / sd
+            low, high = min(low, *values, -band), max(high, *values, band)
+    pad = 0.06 * (high - low)
+    low, high = low - pad, high + pad
+    fig = Figure(figsize=(11, 0.42 * y + 1.7), layout="constrained")
+    ax = fig.add_subplot()
+    for yy, r in zip(ys, rows):
+        sd = _standardised(r)
+        color = VERDICT_COLORS[r.get("outcome", r["verdict"])]
+        if sd is None:
+            ax.plot([0], [yy], marker="o", mfc="white", mec=color, ms=7, zorder=4, ls="none")
+            ax.text(0.25, yy, f"{r['seeds']} seed{'s' if r['seeds'] != 1 else ''}, no spread: no sd to scale by",
+                    va="center", fontsize=7.5, color="#555", style="italic")
+        else:
+            band = (-r["mde"] / sd, r["mde"] / sd) if r.get("mde") else (low, high) if r.get("undetectable") else None
+            if band:  # undetectable at these seeds: the whole axis
+                ax.fill_betweenx([yy - 0.38, yy + 0.38], *band, color="#e3e3e3", lw=0, zorder=1)
+            dots = [float(v) / sd for v in r["per_seed"].values()]
+            ax.scatter(dots, [yy] * len(dots), s=10, color="#666", alpha=0.7, zorder=2, lw=0)
+            ax.plot([r["ci_low"] / sd, r["ci_high"] / sd], [yy, yy], color=color, lw=2.6, zorder=3,
+                    solid_capstyle="butt")
+            ax.plot([r["effect"] / sd], [yy], marker="D", color=color, ms=6.5, zorder=4, ls="none")
+    for role in dict.fromkeys(r["role"] for r in rows):
+        first = ys[[r["role"] for r in rows].index(role)]
+        ax.text(-0.005, first - 0.62, _ROLE_TITLES.get(role, role), transform=ax.get_yaxis_transform(), ha="right",
+                va="bottom", fontsize=8, weight="bold", color="#333")
+    ax.axvline(0, color="#444", lw=0.8, zorder=1.5)
+    ax.set_yticks(ys, [forest_label(r) for r in rows], fontsize=8)
+    ax.set_ylim(y - 0.4, -0.9)
+    # The raw effects as the tick labels of a right-hand axis: the layout makes room for them as for any label.
+    raw = ax.twinx()
+    raw.set_ylim(ax.get_ylim())
+    raw.set_yticks(ys, [f"{_raw(r['effect'])} [{_raw(r['ci_low'])}, {_raw(r['ci_high'])}]" for r in rows],
+                   fontsize=8, family="monospace")
+    for label, r in zip(raw.get_yticklabels(), rows):
+        label.set_color(VERDICT_COLORS[r.get("outcome", r["verdict"])])
+    raw.tick_params(axis="y", length=0)
+    raw.set_ylabel("raw effect [95% interval]", fontsize=8.5, rotation=270, labelpad=12)
+    for side in ("top", "right", "left"):
+        raw.spines[side].set_visible(False)
+    ax.set_xlim(low, high)
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=9, steps=[1, 2, 2.5, 5, 10]))
+    fmt = ScalarFormatter(useOffset=False)
+    fmt.set_scientific(False)
+    ax.xaxis.set_major_formatter(fmt)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.tick_params(axis="y", length=0)
+    ax.grid(axis="x", alpha=0.25)
+    ax.set_xlabel("standardised effect: effect ÷ paired sd of the seeds (0 = no difference)", fontsize=8.5)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    handles = [Patch(color=c, label=v) for v, c in VERDICT_COLORS.items()] + [
+        Line2D([], [], marker="D", color="#333", ls="none", label="effect"),
+        Line2D([], [], color="#333", lw=2.6, label="95% interval"),
+        Line2D([], [], marker="o", color="#666", ls="none", ms=4, label="one seed"),
+        Patch(color="#e3e3e3", label="under 80% power (MDE)")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False)
+    return fig
+
+
+def wall_time_figure(rows):
+    """A horizontal bar per ``reproduce.json`` row (seconds), coloured by status; None without timed rows."""
+    from matplotlib.figure import Figure
+
+    rows = [r for r in rows if isinstance(r.get("seconds"), (int, float))]
+    if not rows:
+        return None
+    colors = {"ran": "#2e7d32", "ok": "#2e7d32", "incomplete": "#d98c00"}
+    fig = Figure(figsize=(8, 0.45 * len(rows) + 1.0))
+    ax = fig.add_subplot()
+    names = [str(r["notebook"]) for r in rows][::-1]
+    secs = [float(r["seconds"]) for r in rows][::-1]
+    stat = [str(r.get("status", "")).lower() for r in rows][::-1]
+    ax.barh(names, secs, color=[colors.get(s, "#c62828") for s in stat])
+    for y, (s, st) in enumerate(zip(secs, stat)):
+        ax.text(s, y, f" {s:.0f} s" + ("" if st in ("ran", "ok") else f" ({st})"), va="center", fontsize=8)
+    ax.set_xlabel("wall time (s)")
+    ax.set_xlim(0, max(secs) * 1.15 or 1)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig

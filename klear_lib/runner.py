@@ -170,8 +170,64 @@ def _write_status(run_dir: pathlib.Path, status: dict) -> bool:
     return True
 
 
-def _finish_record(run_dir: pathlib.Path, clock: float) -> None:
-    """Add the end time and the seconds to params.json (the report shows every run's time)."""
+def _cpu_seconds() -> float:
+    """CPU time (user + system) of this process and of its children that have ended and been waited for: the
+    kernel, once papermill has shut it down, with what it waited for, and what ``_adopting_descendants`` reaped.
+    The difference across a run is the run's CPU time; wall-clock alone hides whether a slow run waited or
+    worked."""
+    import resource
+
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def _children() -> set[int] | None:
+    """This process's child pids (Linux ``/proc/self/task/*/children``); None where the kernel does not say."""
+    try:
+        return {int(pid) for task in pathlib.Path("/proc/self/task").iterdir()
+                for pid in (task / "children").read_text().split()}
+    except (OSError, ValueError):
+        return None
+
+
+def _subreaper(on: bool) -> bool:
+    """Linux ``prctl(PR_SET_CHILD_SUBREAPER)``: a descendant orphaned while it is set is reparented to this process
+    instead of init. False where it cannot be set."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(36, int(on), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+@contextlib.contextmanager
+def _adopting_descendants(wait_s: float = 3.0):
+    """Count the CPU time of every process the run started. The units of work run in worker processes that
+    multiprocessing's forkserver forks (``klear_lib.experiment``): the forkserver waits for them, so their time is
+    in its children's usage, but it outlives the kernel by a moment, and an orphan's usage is lost to this process's
+    ``getrusage(RUSAGE_CHILDREN)`` (a 30-minute run of 06 recorded 9 s of CPU). While the notebook runs, this
+    process is their subreaper; afterwards it waits up to ``wait_s`` for the processes that came to it, so their
+    time (and what they waited for) is counted. Where Linux offers neither, the CPU time is the kernel's alone."""
+    before = _children()
+    adopted = before is not None and _subreaper(True)
+    try:
+        yield
+    finally:
+        if adopted:
+            _subreaper(False)
+            deadline = time.monotonic() + wait_s
+            while (left := (_children() or set()) - before) and time.monotonic() < deadline:
+                for pid in left:
+                    with contextlib.suppress(ChildProcessError):  # reaped elsewhere (the kernel's own Popen)
+                        os.waitpid(pid, os.WNOHANG)
+                time.sleep(0.05)
+
+
+def _finish_record(run_dir: pathlib.Path, clock: float, cpu: float) -> None:
+    """Add the end time, the seconds and the CPU seconds to params.json (the report shows every run's time and sums
+    them in its card). A resumed run adds what it took before; a run first made before CPU time was recorded gets
+    none (its earlier part is not known)."""
     path = run_dir / runs.PARAMS_FILE
     try:
         import json
@@ -181,6 +237,8 @@ def _finish_record(run_dir: pathlib.Path, clock: float) -> None:
         return
     record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     record["seconds"] = round(record.get("seconds_before", 0.0) + time.monotonic() - clock, 1)
+    if record.get("cpu_seconds_before", 0.0) is not None:
+        record["cpu_seconds"] = round(record.get("cpu_seconds_before", 0.0) + _cpu_seconds() - cpu, 1)
     try:
         runs.write_atomic(path, runs.to_json_text(record, indent=2) + "\n")
     except OSError:  # a full disk: the record stays as it was at the start (the run's time is not known)
@@ -361,13 +419,13 @@ def _execute(notebook: pathlib.Path, name: str, params: Mapping[str, Any], recor
     (run_dir / runs.STATUS_FILE).unlink(missing_ok=True)
     _warn_if_foreign_kernel()
     _write_notebook_atomically(run_dir)
-    clock, oom_before = time.monotonic(), _oom_kills()
+    clock, cpu, oom_before = time.monotonic(), _cpu_seconds(), _oom_kills()
     # The kernel inherits these: the notebook's preset.json names klear as its launcher and compares the parameters
     # with the presets klear read them from (klear_lib.notebook.start_run).
     kernel_env = contextlib.ExitStack()
     kernel_env.enter_context(_environ({"KLEAR_LAUNCHER": "klear run", "KLEAR_PARAMS_DIR": str(layout.params_dir)}))
     try:
-        with _owning_the_run():
+        with _owning_the_run(), _adopting_descendants():
             papermill.execute_notebook(
                 str(notebook),
                 str(output),
@@ -380,14 +438,14 @@ def _execute(notebook: pathlib.Path, name: str, params: Mapping[str, Any], recor
             )
     except KeyboardInterrupt:
         _write_status(run_dir, {"status": "interrupted", "cause": "Ctrl-C (SIGINT)", **_last_cell(output)})
-        _finish_record(run_dir, clock)
+        _finish_record(run_dir, clock, cpu)
         raise RunInterrupted(run_dir) from None
     except Exception as err:  # PapermillExecutionError, or a dead kernel: both leave `output` behind
         full = _disk_full_what(err)
         if full is not None:
             _write_status(run_dir, {"status": "failed", "cause": "the disk is full", "error": full,
                                     **_last_cell(output)})
-            _finish_record(run_dir, clock)
+            _finish_record(run_dir, clock, cpu)
             raise DiskFull(name, run_dir, err, full, resumable=True) from None
         dead = type(err).__name__ == "DeadKernelError" or "kernel died" in str(err).lower()
         oom_after = _oom_kills()
@@ -398,11 +456,11 @@ def _execute(notebook: pathlib.Path, name: str, params: Mapping[str, Any], recor
         if dead and oom_before is not None and oom_after is not None and oom_after > oom_before:
             status["cause"] = "the kernel died: out of memory (the cgroup's oom_kill count rose)"
         _write_status(run_dir, status)
-        _finish_record(run_dir, clock)
+        _finish_record(run_dir, clock, cpu)
         raise NotebookFailed(name, output, err, cell=status.get("cell")) from err
     finally:
         kernel_env.close()
-    _finish_record(run_dir, clock)
+    _finish_record(run_dir, clock, cpu)
     return run_dir
 
 
@@ -436,6 +494,8 @@ def _resume_record(run_dir: pathlib.Path, layout: Layout):
         raise KlearError(f"--resume {run_dir}: {runs.PARAMS_FILE} is unreadable ({err})") from None
     notebook = resolve_notebook(name, layout.notebooks_dir)
     record["seconds_before"] = float(record.get("seconds", 0.0))
+    had_cpu = "cpu_seconds" in record or "seconds" not in record  # else its earlier CPU time was never recorded
+    record["cpu_seconds_before"] = float(record.get("cpu_seconds", 0.0)) if had_cpu else None
     record.setdefault("resumed", []).append(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     metrics = run_dir / runs.METRICS_FILE
     if metrics.is_file():  # the notebook writes it again (units of work rebuild it from their own files)
@@ -488,7 +548,8 @@ def write_reproduce_log(layout: Layout, log: dict) -> None:
 
 
 def make_report(layout: Layout, preset: str = "tiny", *, progress_bar: bool = True) -> pathlib.Path:
-    """Write ``<output root>/report.html`` from every run directory under the output root.
+    """Write ``<output root>/report.html`` from every run directory under the output root, and its card beside it
+    (``report.md``).
 
     Through the ``00_report`` notebook when the notebooks folder has one with this preset (its executed copy
     lands in its own run directory); directly through ``klear_lib.report`` otherwise, or if that notebook fails.
@@ -505,5 +566,8 @@ def make_report(layout: Layout, preset: str = "tiny", *, progress_bar: bool = Tr
             print(f"klear: {err}\nklear: writing the report without the notebook", file=sys.stderr)
         else:
             if out.is_file():
+                report.write_card(layout.output_root)
                 return out
-    return report.render_report(layout.output_root, out)
+    out = report.render_report(layout.output_root, out)
+    report.write_card(layout.output_root)
+    return out

@@ -2,11 +2,13 @@
 # # 00 · Reproduction report
 #
 # Gathers every run directory under the output root (`<output root>/<notebook>/<stamp>/`, the contract of
-# `klear_lib.runs`) and writes **`report.html`**: one self-contained page (figures embedded) with, per ablation
-# notebook, its latest run's status, the table it set beside the paper's, its figures, its headline numbers, its
-# seeds, config, commit and package versions, and the older runs of the same notebook. Failed runs show the
-# error and the cell it came from; `make reproduce` also records notebooks that never produced a run directory
-# (`reproduce.json`).
+# `klear_lib.runs`) and writes **`report.html`**: one self-contained page (figures embedded) that opens with a
+# card (the primary claims with verdict, effect, interval and seeds; the counts of verdicts and checks; the
+# wall-clock and CPU time; the commit and the processor), then every claim, and per ablation notebook its latest
+# run's status, the table it set beside the paper's, its figures, its headline numbers, its seeds, config, commit
+# and package versions, and the older runs of the same notebook. Failed runs show the error and the cell it came
+# from; `make reproduce` also records notebooks that never produced a run directory (`reproduce.json`). The card
+# is also written as **`report.md`** beside the page (Markdown: what `klear reproduce` prints at its end).
 #
 # `make reproduce` runs this notebook last; `klear report` runs it alone (e.g. after `klear run` of one notebook).
 # This page shows the same sections as the HTML file.
@@ -21,7 +23,7 @@ report_path = ""                               # empty: <output_root>/report.htm
 from pathlib import Path
 
 import pandas as pd
-from IPython.display import HTML, display
+from IPython.display import HTML, Markdown, display
 
 from klear_lib import notebook, report, runs
 
@@ -35,6 +37,12 @@ latest = report.latest_runs(all_runs)
 log = report.read_reproduce_log(root)
 print(f"{len(all_runs)} run directories of {len(latest)} notebooks under {root}"
       + (f"; reproduce.json: preset {log['preset']}, {log['total_s']:.0f}s" if log else ""))
+
+# %% [markdown]
+# ## The card (what the page opens with, and `report.md`)
+
+# %%
+display(Markdown(report.card_markdown(report.gather(root).card)))
 
 # %% [markdown]
 # ## Status of every notebook's latest run
@@ -62,7 +70,8 @@ for nb, run in sorted(latest.items()):
 # %%
 path = report.render_report(root, out)
 size = path.stat().st_size
-print(f"wrote {path} ({size / 1e6:.2f} MB)")
+card_path = report.write_card(root, out.with_suffix(".md"))
+print(f"wrote {path} ({size / 1e6:.2f} MB) and {card_path}")
 failed = sorted(nb for nb, r in latest.items() if r.status != "ran")
 runs.write_summary(run_path, {"report": str(path), "bytes": size, "notebooks": sorted(latest),
                               "not_ok": failed, "runs": len(all_runs)})
@@ -79,3 +88,5 @@ print("every latest run ran:", not failed)
 print("the claims table comes first:", html.index("<h2>Claims</h2>") < html.index("<h2>Overview</h2>"))
 print("every notebook has a section in the HTML:", all(f'<section id="{nb}">' in html for nb in latest))
 print("figures embedded:", html.count("data:image/png;base64,") >= sum(len(r.figures) for r in latest.values()))
+print("the card opens the page and is written as Markdown:", html.index('class="card"') < html.index("<h2>Claims</h2>")
+      and card_path.read_text(encoding="utf-8").startswith("# "))

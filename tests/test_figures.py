@@ -112,3 +112,61 @@ def test_seed_summary_and_final_table_give_no_made_up_std_for_one_seed():
     assert math.isnan(plots.final_table(frame(seeds=(0,))).loc["gppo", "final_std"])
     two = frame(seeds=(0, 1)).query("rollout == 2")  # 0.2 and 0.21: std sqrt(0.5) * 0.01
     assert plots.seed_summary(two, "eval/avg_at_n")["std"].iloc[0] == pytest.approx(math.sqrt(0.5) * 0.01)
+
+
+def forest_rows():
+    """Claims of three kinds of metric, as the report reads them: a large reproduced effect (an area, sd 0.02), a
+    reversed one on another scale (a CV, sd 0.2), an inconclusive secondary, and a smoke run's one seed (effect 0,
+    no sd)."""
+    from klear_lib import claims, report_data
+
+    seeds = range(6)
+    big = claims.paired_claim("styles.top1_vs_top7", "Many sources lose to a few (Top-1 beats Top-7)", "p", "auc",
+                              {s: 0.6 + 0.01 * s for s in seeds}, {s: 0.5 for s in seeds})
+    cv = claims.paired_claim("erc.cv", "ERC stabilises the gradient norm", "p", "cv", {s: 0.1 for s in seeds},
+                             {s: 0.6 + 0.1 * s for s in seeds})
+    side = claims.paired_claim("side", "A secondary that is long enough to need a second line in the plot", "p",
+                               "auc", {s: 0.5 + 0.01 * (s % 2) for s in seeds}, {s: 0.5 for s in seeds},
+                               role="secondary")
+    one = claims.paired_claim("smoke.one", "One seed", "p", "auc", {0: 0.5}, {0: 0.5})
+    rows = [dict(c, notebook=nb, preset=preset, short=report_data.short_claim(c["claim"]))
+            for c, nb, preset in ((big, "01_sft", "tiny"), (cv, "04_erc", "tiny"), (one, "06_alpha", "smoke"),
+                                  (side, "01_sft", "tiny"))]
+    return rows
+
+
+def test_the_forest_plot_puts_every_claim_on_one_standardised_axis_with_readable_labels_and_a_legend():
+    rows = forest_rows()
+    fig = plots.forest_figure(rows)
+    ax, raw = fig.axes  # one shared x axis; the raw effects as the right-hand labels
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[0] == "01  Top-1 beats Top-7" and labels[1] == "04  ERC stabilises the gradient norm"
+    assert labels[2] == "06  One seed (smoke)" and "\n" in labels[3] and labels[3].startswith("01  A secondary")
+    assert not any(" pri " in t or "styles." in t for t in labels)
+    # each effect at effect / paired sd on the one axis: the two metrics' rows compare by eye
+    diamonds = [line for line in ax.lines if line.get_marker() == "D"]
+    for line, r in zip(diamonds, [rows[0], rows[1], rows[3]]):
+        assert line.get_xdata()[0] == pytest.approx(r["effect"] / r["sd"])
+    low, high = ax.get_xlim()
+    assert low <= min(r["ci_low"] / r["sd"] for r in rows if r["sd"]) and high >= rows[0]["ci_high"] / rows[0]["sd"]
+    # the raw effect and interval beside each row, coloured like the row
+    raw_labels = [t.get_text() for t in raw.get_yticklabels()]
+    assert raw_labels[0] == f"+{rows[0]['effect']:.3g} [+{rows[0]['ci_low']:.3g}, +{rows[0]['ci_high']:.3g}]"
+    assert raw_labels[2] == "0 [0, 0]"  # the one-seed row: a zero effect, not a ×1e-12 axis
+    assert raw.get_yticklabels()[1].get_color() == plots.VERDICT_COLORS["reversed"]
+    # no scientific notation or offset on the shared axis
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert ticks and not any("e" in t or "×" in t for t in ticks) and ax.xaxis.get_offset_text().get_text() == ""
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[:3] == ["reproduced", "reversed", "inconclusive"] and "under 80% power (MDE)" in legend
+
+
+def test_a_forest_plot_of_one_seed_claims_only_is_drawn_on_a_plain_axis():
+    rows = [r for r in forest_rows() if r["seeds"] == 1]
+    fig = plots.forest_figure(rows)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    assert ax.get_xlim() == pytest.approx((-2.8, 2.8)) and ax.xaxis.get_offset_text().get_text() == ""
+    assert any("no sd to scale by" in t.get_text() for t in ax.texts)
+    assert plots.forest_figure([{k: v for k, v in r.items() if k != "per_seed"} for r in rows]) is None
