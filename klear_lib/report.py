@@ -61,6 +61,7 @@ from klear_lib.report_data import (  # noqa: F401  (the report's reading API, as
     latest_runs,
     read_reproduce_log,
     read_run,
+    retired_rows,
     run_card,
     short_claim,
     unknown_folders,

@@ -509,6 +509,27 @@ def untested_rows(latest: Mapping[str, RunInfo], params_folder: str | os.PathLik
     return sorted(out, key=lambda c: ROLE_ORDER[c["role"]])
 
 
+def retired_rows(latest: Mapping[str, RunInfo], params_folder: str | os.PathLike | None = None) -> list[dict]:
+    """The claims each notebook of these runs once declared and retired (``params/<notebook>/retired.yaml``,
+    ``claims.load_retired``): one row each with why, when, and its last result and where that run is recorded.
+    A claim that went against the paper stays on the page after it stops being tested."""
+    from klear_lib import claims, notebook
+
+    folder = Path(params_folder) if params_folder is not None else notebook.params_dir()
+    out = []
+    for nb in latest:
+        path = folder / nb / "retired.yaml" if folder is not None else None
+        if path is None or not path.is_file():
+            continue
+        try:
+            retired = claims.load_retired(path)
+        except ValueError as err:
+            warnings.warn(f"report: cannot read {path}: {err}")
+            continue
+        out.extend({"notebook": nb, **entry} for entry in retired.values())
+    return out
+
+
 @dataclasses.dataclass
 class Claims:
     """The claims of the newest runs, sorted and counted: what the claims section and the card say."""
@@ -516,6 +537,7 @@ class Claims:
     tested: list[dict]  # primary and secondary claims, primary first
     checks: list[dict]
     untested: list[dict]  # declared, not made by these runs
+    retired: list[dict]  # declared once, no longer tested (retired.yaml), with their last result
     counts: dict[str, int]  # verdict -> how many tested claims have it
     primary: dict[str, int]  # ... of the primary claims
     check_counts: dict[str, int]  # "pass" / "fail"
@@ -538,6 +560,7 @@ def gather_claims(latest: Mapping[str, RunInfo], params_folder: str | os.PathLik
     return Claims(
         tested=tested, checks=checks,
         untested=untested_rows(latest, params_folder) if rows else [],
+        retired=retired_rows(latest, params_folder) if rows else [],
         counts={v: sum(r["verdict"] == v for r in tested) for v in VERDICT_TEXT},
         primary={v: sum(r["verdict"] == v for r in tested if r["role"] == "primary") for v in VERDICT_TEXT},
         check_counts={v: sum(r["verdict"] == v for r in checks) for v in ("pass", "fail")},

@@ -403,3 +403,32 @@ def test_status_json_gives_the_cause_and_only_run_named_folders_are_runs(tmp_pat
     html = report.render_report(tmp_path).read_text()
     assert "03_rl/backup" in html and "not read as runs" in html
     assert oct((tmp_path / "report.html").stat().st_mode & 0o777) == "0o644"
+
+
+def test_retired_claims_are_listed_with_their_last_result(tmp_path, monkeypatch):
+    """A claim a notebook no longer tests stays on the page (retired.yaml): its id, when, its last result and the
+    docs/results.md entry that holds it, apart from the counted claims; a notebook without one lists none."""
+    from klear_lib import claims
+
+    seeds = range(6)
+    folder = tmp_path / "params"
+    _declare(folder, "03_rl", [("primary", "primary", None)])
+    (folder / "03_rl" / "retired.yaml").write_text(
+        "- id: old.final_fork\n  retired: 2026-12-03 (abc1234)\n  why: a second read-out <of> the same runs\n"
+        "  last_result: '-0.171 [-0.280, -0.062], p_adj 0.016: reversed'\n  results_entry: 2026-12-01 · a run\n")
+    primary = claims.paired_claim("primary", "the claim primary", "a paper", "auc", {s: 0.6 + 0.01 * s for s in seeds},
+                                  {s: 0.5 for s in seeds}, scope="what the stand-in shows")
+    out = tmp_path / "outputs"
+    make_run(out, "03_rl", "20250101-120000", summary={"claims": claims.finalize([primary])})
+    latest = report.latest_runs(report.collect_runs(out))
+    [row] = report.retired_rows(latest, folder)
+    assert (row["notebook"], row["id"], row["retired"]) == ("03_rl", "old.final_fork", "2026-12-03 (abc1234)")
+    monkeypatch.setenv("KLEAR_PARAMS_DIR", str(folder))
+    html = report.render_report(out).read_text()
+    part = html[html.index("<h3>Retired claims"):html.index("<h2>Overview</h2>")]
+    assert "1 claim was declared once and no longer is tested" in part
+    assert "-0.171 [-0.280, -0.062], p_adj 0.016: reversed" in part and "docs/results.md: 2026-12-01 · a run" in part
+    assert "a second read-out &lt;of&gt; the same runs" in part  # escaped like every printed value
+    assert "1 claim tested against the papers (1 primary" in html  # not counted among the claims
+    (folder / "03_rl" / "retired.yaml").unlink()
+    assert "Retired claims" not in report.render_report(out).read_text()
