@@ -1,0 +1,298 @@
+"""Units of work on a Ray cluster (klear_lib.ray_executor): a real two-node cluster on this machine (`ray start
+--head` and `ray start --address`, one CPU each, each with its own temp dir, scratch folder and resources; loopback
+only). The same units give the same records and results as the local pool, with or without a shared disk (a cache
+entry made on a node reaches the driver and the node of a later unit, checked against its manifest); a run started
+on Ray resumes on the local pool and the other way round, redoing no finished unit; SIGKILL of the driver ends the
+units on every node and records nothing more; a node killed mid-unit makes that unit fail with one line and run
+again, every record once."""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+import pytest
+
+from klear_lib import cache, experiment, runs
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (the 'ray' extra: pip install 'ray==2.60.0')")
+from klear_lib import ray_executor  # noqa: E402 (after the skip)
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts processes through /proc")
+
+TESTS = pathlib.Path(__file__).parent
+REPO = TESTS.parent
+MARK = "KLEAR_TEST_RAY_MARK"  # every process of the test's cluster carries it (and KLEAR_TEST_NODE=<its node>)
+UNIT_MARK = "KLEAR_TEST_UNIT_MARK"  # a KLEAR_ variable of the driver: the units' processes see it (forwarded)
+NOT_TIMING = ("seconds", "node")  # wall-clock and placement: all that may differ between executors
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def marked(name: str, value: str, node: str | None = None) -> list[int]:
+    """Live processes whose environment holds ``name=value`` (and ``KLEAR_TEST_NODE=node`` when given)."""
+    found = []
+    want = [f"{name}={value}".encode()] + ([f"KLEAR_TEST_NODE={node}".encode()] if node else [])
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            if not all(w in env for w in want):
+                continue
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+        except OSError:
+            continue
+        found.append(int(entry.name))
+    return found
+
+
+def _kill(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+class Cluster:
+    """Two Ray nodes on this machine, started with ``ray start``; every process they start is marked, so that the
+    test ends exactly those (never ``ray stop``, which would end every cluster of the machine)."""
+
+    def __init__(self):
+        self.mark = uuid.uuid4().hex
+        self.base = pathlib.Path(tempfile.mkdtemp(prefix="kray-"))  # short: Ray's socket paths must fit 107 bytes
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.start("head")
+        self.start("w")
+
+    def scratch(self, node: str) -> pathlib.Path:
+        return self.base / f"scratch-{node}"
+
+    def start(self, node: str) -> None:
+        env = {**os.environ, MARK: self.mark, "KLEAR_TEST_NODE": node, "RAY_USAGE_STATS_ENABLED": "0",
+               "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]),
+               ray_executor.SCRATCH_ENV: str(self.scratch(node))}
+        ports = ["--dashboard-agent-listen-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
+                 "--runtime-env-agent-port", str(_free_port())]
+        where = (["--head", "--port", str(self.port), "--ray-client-server-port", str(_free_port()),
+                  "--include-dashboard", "false", "--dashboard-port", str(_free_port())] if node == "head"
+                 else ["--address", self.address])
+        cmd = [str(pathlib.Path(sys.executable).parent / "ray"), "start", *where, "--num-cpus", "1",
+               "--object-store-memory", str(80 * 2**20), "--temp-dir", str(self.base / node),
+               "--resources", json.dumps({f"node_{node}": 1}), "--node-ip-address", "127.0.0.1",
+               "--disable-usage-stats", *ports]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0, f"ray start {node} failed: {out.stderr[-2000:]}"
+
+    def kill_node(self, node: str) -> None:
+        _kill(marked(MARK, self.mark, node))
+
+    def stop(self) -> None:
+        pids = marked(MARK, self.mark)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        while marked(MARK, self.mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        _kill(marked(MARK, self.mark))
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster()
+    try:
+        ray_executor.connect(c.address)
+        yield c
+    finally:
+        ray.shutdown()
+        c.stop()
+
+
+def _run_dir(root: pathlib.Path) -> pathlib.Path:
+    """A notebook's run directory under the output root ``root`` (its config.json: units find their run by it)."""
+    run_dir = root / "nb" / "stamp"
+    run_dir.mkdir(parents=True)
+    (run_dir / runs.CONFIG_FILE).write_text("{}\n")
+    return run_dir
+
+
+def _pipeline(root: pathlib.Path, run_dir: pathlib.Path, executor: str) -> tuple[dict, dict, list]:
+    """Two stages, as a notebook's: starts (cache entries under the output root's .cache, an artefact each), then
+    units reading them; returns both stages' results and the records."""
+    starts = [experiment.Job(f"start/{n}", "jobfns:build_entry", {"n": n, "cache_root": str(root / ".cache"),
+                                                                  "out_dir": str(run_dir / "made" / str(n))})
+              for n in (1, 2)]
+    first = experiment.run_jobs(starts, run_dir / "starts", executor=executor, progress=lambda *_: None)
+    jobs = [experiment.Job(f"unit/seed={s}", "jobfns:seeded_numbers", {
+        "seed": s, "start": first[f"start/{1 + s % 2}"]["model_dir"], "steps": 4, "step_s": 0.25}) for s in range(4)]
+    second = experiment.run_jobs(jobs, run_dir, executor=executor, progress=lambda *_: None)
+    return first, second, runs.read_metrics(run_dir / runs.METRICS_FILE)
+
+
+def _same(results: dict) -> dict:
+    return {k: {f: v for f, v in r.items() if f not in NOT_TIMING} for k, r in results.items()}
+
+
+def test_units_on_two_nodes_without_a_shared_disk_equal_the_local_pool(cluster, tmp_path, monkeypatch):
+    local_first, local, local_records = _pipeline(tmp_path / "local", _run_dir(tmp_path / "local"), "local")
+    monkeypatch.setenv(ray_executor.FILES_ENV, "ship")
+    root = tmp_path / "ray"
+    run_dir = _run_dir(root)
+    first, second, records = _pipeline(root, run_dir, "ray")
+    assert _same(second) == _same(local) and records == local_records  # the same numbers, the same records
+    assert {r["node"] for r in second.values()} == {"head", "w"}, second  # both nodes ran units
+    # the starts were made on the nodes (in their scratch folders) and came back whole: the same model folders as
+    # the local run's, at the driver's paths, each entry intact against its manifest
+    assert {k: r["model_dir"] for k, r in first.items()} == {
+        k: r["model_dir"].replace(str(tmp_path / "local"), str(root)) for k, r in local_first.items()}
+    for n in (1, 2):
+        assert cache.verify_files(root / ".cache" / f"entry-{n}") is None
+        assert json.loads((run_dir / "made" / str(n) / "made.json").read_text()) == {"n": n}
+    node_copies = list(cluster.scratch("head").rglob("entry-*/manifest.json")) + list(
+        cluster.scratch("w").rglob("entry-*/manifest.json"))
+    assert node_copies, "no unit worked in a node's scratch folder"
+    assert not list((run_dir / "units").glob(".ray-*")), "a work folder was left in the run directory"
+
+
+def _count_jobs(tmp_path, fail=()):
+    log = str(tmp_path / "calls.log")
+    return [experiment.Job(f"job/n={n}", "jobfns:count_and_write", {"n": n, "log": log, "fail": n in fail})
+            for n in (1, 2, 3)]
+
+
+def _calls(tmp_path):
+    log = tmp_path / "calls.log"
+    return sorted(int(x) for x in log.read_text().split()) if log.exists() else []
+
+
+@pytest.mark.parametrize("first,then", [("ray", "local"), ("local", "ray")])
+def test_a_run_started_on_one_executor_resumes_on_the_other_redoing_no_finished_unit(cluster, tmp_path, first,
+                                                                                       then):
+    """On this machine every node sees the run directory (auto: shared). A failure stops the run as it does
+    locally (the same line); the resume runs only what did not finish."""
+    run_dir = tmp_path / "run"
+    expected = r"unit 'job/n=2' \(jobfns:count_and_write\) failed: RuntimeError: job 2 failed on purpose"
+    with pytest.raises(experiment.JobFailed, match=expected):
+        experiment.run_jobs(_count_jobs(tmp_path, fail={2}), run_dir, workers=1, executor=first,
+                            progress=lambda *_: None)
+    done_before = sorted(p.name for p in (run_dir / "units").glob("*.json"))
+    ran_before = _calls(tmp_path)
+    lines = []
+    results = experiment.run_jobs(_count_jobs(tmp_path), run_dir, workers=2, executor=then, progress=lines.append)
+    rerun = _calls(tmp_path)
+    for n in ran_before:
+        rerun.remove(n)
+    redone = {f"job_n={n}.json" for n in rerun}
+    assert not redone & set(done_before), (done_before, rerun)  # no finished unit ran again
+    assert lines[0] == f"resuming: {len(done_before)} of 3 units already done, {3 - len(done_before)} to run"
+    assert sorted(results) == ["job/n=1", "job/n=2", "job/n=3"]
+    records = runs.read_metrics(run_dir / "metrics.jsonl")
+    assert [(r["n"], r["i"]) for r in records] == [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]
+    if "ray" in (first, then):
+        assert ray_executor._MODES.get(str(tmp_path)) == "shared"
+
+
+DRIVER = """
+import sys
+sys.path.insert(0, sys.argv[3])
+from klear_lib import experiment, ray_executor
+jobs = [experiment.Job(f"u/{n}", "jobfns:slow_unit", {"n": n, "steps": 30, "step_s": 0.5, "pad": 0, "children": True})
+        for n in range(2)]
+ray_executor.connect(sys.argv[2])
+experiment.run_jobs(jobs, sys.argv[1], executor="ray", progress=lambda *_: None)
+"""
+
+
+def test_sigkill_of_the_driver_ends_its_units_on_every_node_and_records_nothing_more(cluster, tmp_path):
+    """The driver (here a script; under `klear run`, the kernel) is killed while both units run, one per node, each
+    with two child processes (one in a session of its own): Ray ends the run's workers, the units' processes follow;
+    no unit is marked done after the kill; the resume (on the local pool) records every unit once."""
+    mark = uuid.uuid4().hex
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(script), str(run_dir), cluster.address, str(TESTS)],
+                            env={**os.environ, UNIT_MARK: mark}, stderr=subprocess.PIPE, text=True)
+    records = [run_dir / "units" / f"u_{n}.jsonl" for n in range(2)]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if all(r.exists() and r.stat().st_size > 0 for r in records):  # both units run: their records arrived
+            break
+        time.sleep(0.05)
+    assert all(r.exists() and r.stat().st_size > 0 for r in records), proc.stderr.read()[-2000:] if proc.poll() else ""
+    before = [pid for pid in marked(UNIT_MARK, mark) if pid != proc.pid]
+    assert len(before) == 4, before  # each unit's two children (a unit's own process shows the mark only to them)
+    proc.kill()
+    killed = time.monotonic()
+    proc.wait(timeout=30)
+    proc.stderr.close()
+    left = marked(UNIT_MARK, mark)
+    while left and time.monotonic() < killed + 15:
+        time.sleep(0.1)
+        left = marked(UNIT_MARK, mark)
+    gone_s = time.monotonic() - killed
+    _kill(left)
+    late = sorted(p.name for p in (run_dir / "units").glob("*.json"))
+    assert (left, late) == ([], []), f"{len(left)} unit processes left 15 s after the kill: {left}; done: {late}"
+    print(f"driver SIGKILL: every unit process gone {gone_s:.1f}s after the kill")
+    jobs = [experiment.Job(f"u/{n}", "jobfns:slow_unit", {"n": n, "steps": 3, "step_s": 0.0, "pad": 0,
+                                                          "children": False}) for n in range(2)]
+    experiment.run_jobs(jobs, run_dir, workers=2, progress=lambda *_: None)
+    records = runs.read_metrics(run_dir / "metrics.jsonl")
+    assert sorted((r["n"], r["i"]) for r in records) == [(n, i) for n in range(2) for i in range(3)]
+
+
+def test_a_node_lost_mid_unit_fails_that_unit_with_one_line_and_runs_it_again(cluster, tmp_path, monkeypatch):
+    """Node ``w`` is killed (every process of it) while it runs a unit: the unit's line names it, it runs again on
+    the node left, and the run's records are those of an uninterrupted run, each once. (Last in this file: the
+    cluster has one node after it.)"""
+    monkeypatch.setenv(ray_executor.FILES_ENV, "ship")
+    root = tmp_path / "ray"
+    run_dir = _run_dir(root)
+    _, local, local_records = _pipeline(tmp_path / "local", _run_dir(tmp_path / "local"), "local")
+    lines, killed = [], {}
+
+    def kill_when_w_runs_a_unit():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(p.stat().st_size > 0 for p in cluster.scratch("w").rglob("units/.ray-*/unit_seed=*.jsonl")):
+                cluster.kill_node("w")
+                killed["at"] = time.monotonic()
+                return
+            time.sleep(0.05)
+
+    starts = [experiment.Job(f"start/{n}", "jobfns:build_entry", {"n": n, "cache_root": str(root / ".cache"),
+                                                                  "out_dir": str(run_dir / "made" / str(n))})
+              for n in (1, 2)]
+    first = experiment.run_jobs(starts, run_dir / "starts", executor="ray", progress=lambda *_: None)
+    jobs = [experiment.Job(f"unit/seed={s}", "jobfns:seeded_numbers", {
+        "seed": s, "start": first[f"start/{1 + s % 2}"]["model_dir"], "steps": 4, "step_s": 0.25}) for s in range(4)]
+    killer = threading.Thread(target=kill_when_w_runs_a_unit, daemon=True)
+    killer.start()
+    results = experiment.run_jobs(jobs, run_dir, executor="ray", progress=lines.append)
+    killer.join(timeout=1)
+    assert "at" in killed, "node w never ran a unit"
+    lost = [line for line in lines if "lost its node or worker" in line]
+    assert len(lost) == 1 and lost[0].startswith("unit 'unit/seed=") and "running it again (attempt 2 of 3)" in lost[0]
+    assert _same(results) == _same(local)
+    assert runs.read_metrics(run_dir / runs.METRICS_FILE) == local_records  # every record once, none missing
+    assert all(r["node"] == "head" for k, r in results.items() if k in lost[0])
