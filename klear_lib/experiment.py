@@ -486,7 +486,12 @@ def _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, ow
         if executor == "ray":
             from klear_lib import ray_executor
 
-            failure = ray_executor.run_units(todo, run_dir, threads=threads, owner=owner, live=live, record=record,
+            kit = ray_executor.UnitKit(
+                records=lambda job: _paths(run_dir, job)[0], run_root=_run_root(run_dir),
+                check_owner=lambda: _check_owner(owner), failed=JobFailed,
+                worker=(_worker_context, _init_worker, _call, process_identity), owner_env=OWNER_ENV,
+                env={"TRACKIO_DIR": str(_run_root(run_dir) / TRACKING_DIR / "trackio")})
+            failure = ray_executor.run_units(todo, run_dir, threads=threads, kit=kit, live=live, record=record,
                                              progress=progress)
         else:
             failure = _run_pool(todo, run_dir, units, workers, threads, owner, live, record)

@@ -2,7 +2,7 @@
 sweep spans machines. Ray places and runs the units; everything a run directory holds is what the local pool writes.
 
 Same records. Each unit is a Ray task (a streaming generator) that runs the unit in a worker process of its own on
-its node, started and watched as the local pool's workers are (``experiment._init_worker``: its torch threads, the
+its node, started and watched as the local pool's workers are (``experiment``'s worker set-up: its torch threads, the
 driver's ``KLEAR_*``/``HF_*``/tracker variables, a process group ended with everything it started as soon as the
 Ray worker above it is gone). The unit writes its records into a node-local file; the task sends the new complete
 lines to the driver every ``POLL_S`` seconds, and the driver appends them to ``units/<job>.jsonl``, where
@@ -27,6 +27,9 @@ dropped), at most ``KLEAR_RAY_RETRIES`` times (default 2); a unit that raises fa
 Ctrl-C, a dead owner, or the driver's death cancel every task of the run: the first two through ``ray.cancel``,
 the last through Ray itself, which ends a dead driver's workers on every node; the units' processes follow within
 ``experiment.WATCH_S``.
+
+``experiment.run_jobs`` hands this module what it needs of it (``UnitKit``: the worker set-up, the records' paths,
+the owner check), so that neither imports the other.
 """
 
 from __future__ import annotations
@@ -40,10 +43,13 @@ import sys
 import tempfile
 import traceback
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from klear_lib import cache, experiment, runs
+from klear_lib import cache, runs
+
+Job = Any  # klear_lib.experiment.Job (not imported: experiment imports this module)
 
 ADDRESS_ENV = "KLEAR_RAY_ADDRESS"  # the cluster to join (default "auto": the running one, else a local one)
 FILES_ENV = "KLEAR_RAY_FILES"  # "auto" (default), "shared" (every node sees the run directory) or "ship"
@@ -81,7 +87,7 @@ def connect(address: str | None = None):
     return ray
 
 
-def unit_needs(job: experiment.Job, threads: int) -> dict:
+def unit_needs(job: Job, threads: int) -> dict:
     """What ``job`` asks Ray for: ``threads`` CPUs, memory, a GPU for a config with ``use_cpu: false``; ``Job.needs``
     (``num_cpus``, ``num_gpus``, ``memory`` in bytes, ``resources``) overrides."""
     needs: dict[str, Any] = {"num_cpus": threads, "memory": int(float(os.environ.get(MEMORY_ENV, 2048)) * 2**20)}
@@ -116,11 +122,10 @@ def _strings(obj: Any):
             yield from _strings(v)
 
 
-def share_root(run_dir: Path) -> Path:
+def share_root(run_dir: Path, run_root: Path) -> Path:
     """The folder whose paths are mirrored on nodes without the driver's disk: the output root (it holds every
-    notebook's run directories and ``.cache/``) when ``run_dir`` lies in a notebook's run directory, else
-    ``run_dir``'s parent."""
-    run_root = experiment._run_root(run_dir)
+    notebook's run directories and ``.cache/``) when ``run_dir`` lies in a notebook's run directory ``run_root``,
+    else ``run_dir``'s parent."""
     if (run_root / runs.CONFIG_FILE).is_file():
         return run_root.parent.parent
     return run_dir.parent
@@ -209,20 +214,22 @@ def _unit_task(spec: dict):
         local_root.mkdir(parents=True, exist_ok=True)
         _materialise(spec["inputs"], local_root)
     here = str(local_root)
-    work = Path(remap(spec["run_dir"], root, here)) / experiment.UNITS_DIR / f"{WORK_PREFIX}{spec['token']}"
+    work = Path(remap(spec["work_dir"], root, here))
     work.mkdir(parents=True, exist_ok=True)
     metrics = work / f"{spec['slug']}.jsonl"
     metrics.unlink(missing_ok=True)
     before = _snapshot(local_root) if ship else {}
     yield {"start": node, "host": socket.gethostname(), "ship": ship}
     env = {**os.environ, **remap(spec["env"], root, here)}
-    env.pop(experiment.OWNER_ENV, None)  # the owner is a process on the driver's machine: Ray watches the driver
+    env.pop(spec["owner_env"], None)  # the owner is a process on the driver's machine: Ray watches the driver
     cwd = spec["cwd"] if os.path.isdir(spec["cwd"]) else os.getcwd()
-    pool = cf.ProcessPoolExecutor(1, mp_context=experiment._worker_context(), initializer=experiment._init_worker,
-                                  initargs=(spec["threads"], experiment.process_identity(), None, None, env, cwd))
+    context, init, call, identity = spec["worker"]
+    # a worker process as the local pool's, whose "driver" is this Ray worker: it ends when Ray ends this process
+    pool = cf.ProcessPoolExecutor(1, mp_context=context(), initializer=init,
+                                  initargs=(spec["threads"], identity(), None, None, env, cwd))
     offset, error, result = 0, None, None
     try:
-        future = pool.submit(experiment._call, spec["fn"], remap(spec["kwargs"], root, here), str(metrics),
+        future = pool.submit(call, spec["fn"], remap(spec["kwargs"], root, here), str(metrics),
                              spec["key"])
         while True:
             try:
@@ -251,7 +258,7 @@ def _unit_task(spec: dict):
         yield {"done": remap(result, here, root), "files": files}
     finally:
         for proc in list(getattr(pool, "_processes", {}).values()):
-            proc.terminate()  # a cancelled task: the unit's process group goes with it (experiment._end_worker)
+            proc.terminate()  # a cancelled task: the unit's process group goes with it (its SIGTERM handler)
         pool.shutdown(wait=False, cancel_futures=True)
         if ship:
             shutil.rmtree(work, ignore_errors=True)
@@ -284,9 +291,9 @@ class _Inputs:
     """What a job's arguments name under the share root and the driver has (a cache entry's ``final/`` folder, a
     file), put in Ray's object store once per run; plus the run's config.json (units find their run by it)."""
 
-    def __init__(self, ray, root: Path, run_dir: Path):
+    def __init__(self, ray, root: Path, run_root: Path):
         self.ray, self.root, self.items = ray, root, {}
-        self.always = [experiment._run_root(run_dir) / runs.CONFIG_FILE]
+        self.always = [run_root / runs.CONFIG_FILE]
 
     def _item(self, path: Path) -> dict | None:
         if path.name == cache.MODEL_DIR and cache.is_entry(path.parent):
@@ -306,7 +313,7 @@ class _Inputs:
             self.items[rel] = {"rel": rel, "kind": kind, "sha": sha, "ref": self.ray.put(data)}
         return self.items[rel]
 
-    def for_job(self, job: experiment.Job) -> list[dict]:
+    def for_job(self, job: Job) -> list[dict]:
         out = {}
         for text in [*(str(p) for p in self.always), *_strings(job.kwargs)]:
             path = Path(text)
@@ -333,19 +340,37 @@ def _receive(files: dict[str, bytes], root: Path) -> None:
 
 
 def _first_line(err: BaseException) -> str:
+    """The error's type and first sentence (Ray's messages go on for lines: what to try, where the logs are)."""
     text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0][:200] if text else ''}"
+    first = text[0].split(". ")[0].rstrip(".") if text else ""
+    return f"{type(err).__name__}: {first[:200]}"
 
 
-def run_units(todo: list[experiment.Job], run_dir: Path, *, threads: int, owner: str | None, live, record,
-              progress) -> BaseException | None:
+@dataclass(frozen=True)
+class UnitKit:
+    """What ``experiment.run_jobs`` lends the Ray executor: where a unit's records go on the driver (``records``),
+    the run directory that holds ``run_dir`` (``run_root``: its config.json), the check that the run's owner lives,
+    the failure type, the worker set-up a unit runs under on its node (``worker``: context, initializer, call,
+    process identity; module functions, pickled by name), the variables units see (``env``) and the owner's name."""
+
+    records: Callable[[Job], Path]
+    run_root: Path
+    check_owner: Callable[[], None]
+    failed: type
+    worker: tuple
+    env: dict
+    owner_env: str
+
+
+def run_units(todo: list[Job], run_dir: Path, *, threads: int, kit: UnitKit, live, record, progress
+              ) -> BaseException | None:
     """Run ``todo`` on the cluster; ``record(job, result)`` for each that finishes (the driver's done mark).
-    Returns the first failure (``JobFailed``), or None; raises on Ctrl-C or a dead owner after cancelling every
+    Returns the first failure (``kit.failed``), or None; raises on Ctrl-C or a dead owner after cancelling every
     task of the run."""
     ray = connect()
     run_dir = Path(run_dir).resolve()
-    root = share_root(run_dir)
-    units = run_dir / experiment.UNITS_DIR
+    root = share_root(run_dir, kit.run_root)
+    units = kit.records(todo[0]).parent
     for stale in units.glob(f"{WORK_PREFIX}*"):  # an earlier attempt's work folders (its tasks are gone)
         shutil.rmtree(stale, ignore_errors=True)
     token = uuid.uuid4().hex[:12]
@@ -353,11 +378,11 @@ def run_units(todo: list[experiment.Job], run_dir: Path, *, threads: int, owner:
     probe.parent.mkdir(parents=True, exist_ok=True)
     probe.write_text(token, encoding="utf-8")
     mode = files_mode(ray, root, probe, token)
-    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARD) and k != experiment.OWNER_ENV}
-    env["TRACKIO_DIR"] = str(experiment._run_root(run_dir) / experiment.TRACKING_DIR / "trackio")
-    base = {"root": str(root), "run_dir": str(run_dir), "token": token, "mode": mode, "env": env,
-            "sys_path": [p for p in sys.path if p], "cwd": os.getcwd(), "threads": threads}
-    inputs = _Inputs(ray, root, run_dir) if mode == "ship" else None
+    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARD) and k != kit.owner_env}
+    base = {"root": str(root), "work_dir": str(probe.parent), "mode": mode, "env": {**env, **kit.env},
+            "sys_path": [p for p in sys.path if p], "cwd": os.getcwd(), "threads": threads, "worker": kit.worker,
+            "owner_env": kit.owner_env}
+    inputs = _Inputs(ray, root, kit.run_root) if mode == "ship" else None
     retries = int(os.environ.get(RETRIES_ENV, 2))
     task = ray.remote(max_retries=0)(_unit_task)
     running: dict = {}  # generator -> {"job", "attempt", "started"}
@@ -384,16 +409,16 @@ def run_units(todo: list[experiment.Job], run_dir: Path, *, threads: int, owner:
         line = f"unit {job.key!r} lost its node or worker ({_first_line(err)})"
         if attempt <= retries and failure is None:
             progress(f"{line}: running it again (attempt {attempt + 1} of {retries + 1})")
-            experiment._paths(run_dir, job)[0].unlink(missing_ok=True)
+            kit.records(job).unlink(missing_ok=True)
             submit(job, attempt + 1)
         else:
-            fail(experiment.JobFailed(f"{line}, {attempt} times: not run again"))
+            fail(kit.failed(f"{line}, {attempt} times: not run again"))
 
     for job in todo:
         submit(job, 1)
     try:
         while running:
-            experiment._check_owner(owner)
+            kit.check_owner()
             ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
             for gen in ready:
                 st = running[gen]
@@ -410,14 +435,14 @@ def run_units(todo: list[experiment.Job], run_dir: Path, *, threads: int, owner:
                 except ray.exceptions.RayTaskError as err:  # the task itself raised (an input failed its check)
                     del running[gen]
                     cause = err.cause if getattr(err, "cause", None) is not None else err
-                    fail(experiment.JobFailed(f"unit {job.key!r} ({job.fn}) failed on its node: "
+                    fail(kit.failed(f"unit {job.key!r} ({job.fn}) failed on its node: "
                                               f"{_first_line(cause)}"))
                     continue
                 except ray.exceptions.RayError as err:  # the node or the worker process is gone
                     del running[gen]
                     lost(st, err)
                     continue
-                metrics = experiment._paths(run_dir, job)[0]
+                metrics = kit.records(job)
                 if "start" in item:
                     st["started"] = True
                     metrics.parent.mkdir(parents=True, exist_ok=True)
@@ -427,7 +452,7 @@ def run_units(todo: list[experiment.Job], run_dir: Path, *, threads: int, owner:
                         f.write(item["records"])
                 elif "failed" in item:
                     del running[gen]
-                    fail(experiment.JobFailed(f"unit {job.key!r} ({job.fn}) failed: {item['failed']}\n"
+                    fail(kit.failed(f"unit {job.key!r} ({job.fn}) failed: {item['failed']}\n"
                                               f"worker traceback:\n{item['traceback']}"))
                 elif "done" in item:
                     del running[gen]

@@ -261,12 +261,16 @@ def run_notebook(
     layout: Layout,
     progress_bar: bool = True,
     resume: str | os.PathLike | None = None,
+    executor: str | None = None,
+    ray_address: str | None = None,
 ) -> pathlib.Path:
     """Execute a notebook with a preset into a new run directory and return it; NotebookFailed if it raised
     (DiskFull, one line, when the disk filled up), RunInterrupted on Ctrl-C. ``resume``: run again into that run
     directory, with the notebook, preset and parameters its ``params.json`` recorded (``spec``, ``preset`` and
     ``overrides`` must not be given); the units of work it finished are not redone (``klear_lib.experiment``).
-    Refused (KlearError) with less than ``runs.min_free_mb()`` free on the output root."""
+    Refused (KlearError) with less than ``runs.min_free_mb()`` free on the output root. ``executor`` (``local``,
+    ``ray``) and ``ray_address`` reach the kernel's units as ``KLEAR_EXECUTOR``/``KLEAR_RAY_ADDRESS``
+    (``klear_lib.experiment.run_jobs``)."""
     import papermill
 
     if resume is not None:
@@ -301,7 +305,9 @@ def run_notebook(
     # The kernel inherits these: the notebook's preset.json names klear as its launcher and compares the parameters
     # with the presets klear read them from (klear_lib.notebook.start_run).
     kernel_env = contextlib.ExitStack()
-    kernel_env.enter_context(_environ({"KLEAR_LAUNCHER": "klear run", "KLEAR_PARAMS_DIR": str(layout.params_dir)}))
+    kernel_env.enter_context(_environ({"KLEAR_LAUNCHER": "klear run", "KLEAR_PARAMS_DIR": str(layout.params_dir),
+                                       **({"KLEAR_EXECUTOR": executor} if executor else {}),
+                                       **({"KLEAR_RAY_ADDRESS": ray_address} if ray_address else {})}))
     try:
         with _owning_the_run():
             papermill.execute_notebook(
