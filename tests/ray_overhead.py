@@ -31,8 +31,8 @@ def main() -> None:
     args = ap.parse_args()
     import ray
 
-    ray.init(num_cpus=args.cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             object_store_memory=100 * 2**20)
+    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False, object_store_memory=100 * 2**20, _temp_dir=tempfile.mkdtemp(prefix="kro-"))
     ray_executor.connect()
     work = Path(tempfile.mkdtemp(prefix="ray-overhead-"))
 
