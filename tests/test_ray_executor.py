@@ -85,6 +85,7 @@ class Cluster:
 
     def start(self, node: str) -> None:
         env = {**os.environ, MARK: self.mark, "KLEAR_TEST_NODE": node, "RAY_USAGE_STATS_ENABLED": "0",
+               "RAY_AUTH_MODE": "disabled",  # whatever ~/.ray/auth_token this machine's other users made
                "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]),
                ray_executor.SCRATCH_ENV: str(self.scratch(node))}
         ports = ["--dashboard-agent-listen-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
@@ -116,15 +117,30 @@ class Cluster:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
+class _Started(Cluster):
+    def __init__(self):  # a node that fails to start ends the ones already started
+        try:
+            super().__init__()
+        except BaseException:
+            self.stop()
+            raise
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster()
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # the driver's side (and the driver script's) of the same choice
+    c = _Started()
     try:
         ray_executor.connect(c.address)
         yield c
     finally:
         ray.shutdown()
         c.stop()
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
 
 
 def _run_dir(root: pathlib.Path) -> pathlib.Path:
