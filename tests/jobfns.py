@@ -87,7 +87,7 @@ def worker_facts(*, metrics_path: str, threads_op: bool = False) -> dict:
     return out
 
 
-def build_entry(*, n: int, cache_root: str, out_dir: str, metrics_path: str) -> dict:
+def build_entry(*, n: int, cache_root: str, out_dir: str, metrics_path: str, size: int = 4096) -> dict:
     """A verified cache entry ``entry-<n>`` (``klear_lib.cache.ensure``: one file of seeded bytes) and an artefact
     ``out_dir/made.json``, as a start unit makes its model and its record; returns the model's folder."""
     import json
@@ -97,7 +97,7 @@ def build_entry(*, n: int, cache_root: str, out_dir: str, metrics_path: str) -> 
 
     def build(work: Path) -> None:
         (work / "final").mkdir(parents=True)
-        (work / "final" / "weights.bin").write_bytes(random.Random(n).randbytes(4096))
+        (work / "final" / "weights.bin").write_bytes(random.Random(n).randbytes(size))
 
     final, reused = cache.ensure(cache_root, f"entry-{n}", {"n": n}, build, label="test entry",
                                  progress=lambda *_: None)

@@ -28,6 +28,8 @@ def main() -> None:
     ap.add_argument("--units", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cpus", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--start-mb", type=float, default=0.0, help="units read a start (a cache entry) of this size: "
+                    "the Ray runs then go once with every node sharing the disk and once shipping the start")
     args = ap.parse_args()
     import ray
 
@@ -36,23 +38,42 @@ def main() -> None:
     ray_executor.connect()
     work = Path(tempfile.mkdtemp(prefix="ray-overhead-"))
 
-    def once(executor: str, name: str) -> float:
-        jobs = [experiment.Job(f"u/{i}", "jobfns:count_and_write", {"n": 3, "log": str(work / "log")})
-                for i in range(args.units)]
+    start = None
+    if args.start_mb:
+        made = experiment.run_jobs([experiment.Job("start", "jobfns:build_entry", {
+            "n": 1, "cache_root": str(work / "nb" / ".cache"), "out_dir": str(work / "nb" / "made"),
+            "size": int(args.start_mb * 2**20)})], work / "nb" / "starts", executor="local", progress=lambda *_: None)
+        start = made["start"]["model_dir"]
+    arms = {"local": ("local", None), "ray": ("ray", None)} if start is None else {
+        "local": ("local", None), "ray shared": ("ray", "shared"), "ray ship": ("ray", "ship")}
+
+    def once(arm: str, name: str) -> float:
+        executor, files = arms[arm]
+        if start is None:
+            jobs = [experiment.Job(f"u/{i}", "jobfns:count_and_write", {"n": 3, "log": str(work / "log")})
+                    for i in range(args.units)]
+        else:
+            jobs = [experiment.Job(f"u/{i}", "jobfns:seeded_numbers", {"seed": i, "start": start, "steps": 1,
+                                                                       "step_s": 0.0}) for i in range(args.units)]
+        os.environ[ray_executor.FILES_ENV] = files or "auto"
         clock = time.perf_counter()
-        experiment.run_jobs(jobs, work / name, workers=args.cpus, executor=executor, progress=lambda *_: None)
+        experiment.run_jobs(jobs, work / "nb" / name, workers=args.cpus, executor=executor,
+                            progress=lambda *_: None)
         return time.perf_counter() - clock
 
-    cold = {e: once(e, f"warm-{e}") for e in ("local", "ray")}
-    walls: dict[str, list[float]] = {"local": [], "ray": []}
+    cold = {arm: once(arm, f"warm-{arm}".replace(" ", "-")) for arm in arms}
+    walls: dict[str, list[float]] = {arm: [] for arm in arms}
     for r in range(args.rounds):
-        for e in ("local", "ray"):
-            walls[e].append(once(e, f"{e}-{r}"))
-    per_unit = {e: statistics.median(w) / args.units * args.cpus for e, w in walls.items()}
-    for e in ("local", "ray"):
-        print(f"{e:5s}: cold run {cold[e]:.1f}s; {args.units} units x {args.rounds} rounds: "
-              f"{', '.join(f'{w:.2f}s' for w in walls[e])}; per unit (CPU-held) {per_unit[e]:.3f}s")
-    print(f"ray overhead per unit: {per_unit['ray'] - per_unit['local']:+.3f}s on {args.cpus} CPUs")
+        for arm in arms:
+            walls[arm].append(once(arm, f"{arm}-{r}".replace(" ", "-")))
+    per_unit = {arm: statistics.median(w) / args.units * args.cpus for arm, w in walls.items()}
+    for arm in arms:
+        print(f"{arm:10s}: cold run {cold[arm]:.1f}s; {args.units} units x {args.rounds} rounds: "
+              f"{', '.join(f'{w:.2f}s' for w in walls[arm])}; per unit (CPU-held) {per_unit[arm]:.3f}s")
+    for arm in arms:
+        if arm != "local":
+            print(f"{arm} overhead per unit: {per_unit[arm] - per_unit['local']:+.3f}s on {args.cpus} CPUs"
+                  + (f", a {args.start_mb:g} MB start" if start else ""))
     ray.shutdown()
 
 
