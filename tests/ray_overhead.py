@@ -5,7 +5,9 @@ A local Ray cluster of this machine's CPUs (started by ``ray_executor.connect``,
 local pool with as many workers run the same short units (``jobfns.count_and_write``: a few records, torch already
 imported), alternately, after one warm-up run each (the local pool's forkserver, Ray's workers and theirs). Per unit:
 the round's wall time / units × concurrency, i.e. the time one unit holds a CPU; the Ray overhead is the difference
-of the medians. Cold: the warm-up runs' wall times (what the first ``run_jobs`` of a process pays)."""
+of the medians. Cold: the warm-up runs' wall times (what the first ``run_jobs`` of a process pays). With
+``--start-mb M`` the units read a start of M MB (a cache entry) and Ray runs twice a round, every node sharing the
+driver's disk (``KLEAR_RAY_FILES=shared``) and shipping the start (``ship``)."""
 
 from __future__ import annotations
 

@@ -2,9 +2,10 @@
 --head` and `ray start --address`, one CPU each, each with its own temp dir, scratch folder and resources; loopback
 only). The same units give the same records and results as the local pool, with or without a shared disk (a cache
 entry made on a node reaches the driver and the node of a later unit, checked against its manifest); a run started
-on Ray resumes on the local pool and the other way round, redoing no finished unit; SIGKILL of the driver ends the
-units on every node and records nothing more; a node killed mid-unit makes that unit fail with one line and run
-again, every record once."""
+on Ray resumes on the local pool and the other way round, redoing no finished unit; SIGKILL of the driver, or the
+death of the run's owner (`klear run`), ends the units on every node and records nothing more; a node killed mid-unit
+makes that unit fail with one line and run again, every record once. About 100 s on 2 cores (the cluster's start
+and each node's forkserver are most of it)."""
 
 import json
 import os
@@ -254,6 +255,44 @@ def test_sigkill_of_the_driver_ends_its_units_on_every_node_and_records_nothing_
     experiment.run_jobs(jobs, run_dir, workers=2, progress=lambda *_: None)
     records = runs.read_metrics(run_dir / "metrics.jsonl")
     assert sorted((r["n"], r["i"]) for r in records) == [(n, i) for n in range(2) for i in range(3)]
+
+
+def test_the_death_of_the_runs_owner_cancels_its_units_on_every_node_within_seconds(cluster, tmp_path, monkeypatch):
+    """`klear run` (the owner, KLEAR_RUN_OWNER) dies while a unit runs on each node: the driver stops with OwnerGone
+    at its next check and cancels every task (the path Ctrl-C takes too); the units' processes are gone within
+    seconds and nothing is marked done."""
+    mark = uuid.uuid4().hex
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    monkeypatch.setenv(experiment.OWNER_ENV, experiment.process_identity(owner.pid))
+    monkeypatch.setenv(UNIT_MARK, mark)
+    run_dir = tmp_path / "run"
+    records = [run_dir / "units" / f"u_{n}.jsonl" for n in range(2)]
+
+    def kill_owner_when_both_run():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(r.exists() and r.stat().st_size > 0 for r in records):
+            time.sleep(0.05)
+        owner.kill()
+        owner.wait()
+
+    jobs = [experiment.Job(f"u/{n}", "jobfns:slow_unit", {"n": n, "steps": 30, "step_s": 0.5, "pad": 0,
+                                                          "children": True}) for n in range(2)]
+    killer = threading.Thread(target=kill_owner_when_both_run, daemon=True)
+    killer.start()
+    clock = time.monotonic()
+    with pytest.raises(experiment.OwnerGone, match=str(owner.pid)):
+        experiment.run_jobs(jobs, run_dir, executor="ray", progress=lambda *_: None)
+    killer.join(timeout=5)
+    stopped = time.monotonic()
+    assert stopped - clock < 60  # not the units' 15 s each, twice over
+    left = marked(UNIT_MARK, mark)
+    while left and time.monotonic() < stopped + 15:
+        time.sleep(0.1)
+        left = marked(UNIT_MARK, mark)
+    gone_s = time.monotonic() - stopped
+    _kill(left)
+    assert left == [] and not list((run_dir / "units").glob("*.json")), left
+    print(f"owner death: the driver stopped, every unit process gone {gone_s:.1f}s later")
 
 
 def test_units_on_two_nodes_without_a_shared_disk_equal_the_local_pool_even_when_a_node_is_lost(
