@@ -59,7 +59,8 @@ RETRIES_ENV = "KLEAR_RAY_RETRIES"  # how often a unit whose node was lost runs a
 MEMORY_ENV = "KLEAR_RAY_UNIT_MEMORY_MB"  # the memory a unit asks Ray for (default 2048)
 FORWARD = ("KLEAR_", "HF_", "TRACKIO_", "WANDB_", "TOKENIZERS_")  # the driver's variables a unit sees
 POLL_S = 0.5
-WORK_PREFIX = ".ray-"  # units/.ray-<token>/: the probe, and in place the units' own record files
+WORK_PREFIX = ".ray-"  # <run dir>/.ray-<token>/: the probe, and the units' own record files (beside units/, as a
+# local unit's: a unit finds its run directory two levels above its records, experiment.unit_tracking_dir)
 
 
 def require_ray():
@@ -81,9 +82,9 @@ def connect(address: str | None = None):
     quiet = {"logging_level": "ERROR", "log_to_driver": False, "configure_logging": True}
     try:
         ray.init(address=address, **quiet)
-    except ConnectionError:
-        if address != "auto":
-            raise
+    except ConnectionError as err:
+        if address != "auto" or "Could not find any running Ray instance" not in str(err):
+            raise  # several clusters on this machine, for one: name one with --ray-address
         ray.init(address="local", include_dashboard=False, **quiet)  # a new cluster, not another one found
     return ray
 
@@ -91,7 +92,11 @@ def connect(address: str | None = None):
 def unit_needs(job: Job, threads: int) -> dict:
     """What ``job`` asks Ray for: ``threads`` CPUs, memory, a GPU for a config with ``use_cpu: false``; ``Job.needs``
     (``num_cpus``, ``num_gpus``, ``memory`` in bytes, ``resources``) overrides."""
-    needs: dict[str, Any] = {"num_cpus": threads, "memory": int(float(os.environ.get(MEMORY_ENV, 2048)) * 2**20)}
+    try:
+        memory = int(float(os.environ.get(MEMORY_ENV, 2048)) * 2**20)
+    except ValueError:
+        raise ValueError(f"{MEMORY_ENV}={os.environ[MEMORY_ENV]!r}: expected megabytes, e.g. 2048") from None
+    needs: dict[str, Any] = {"num_cpus": threads, "memory": memory}
     config = job.kwargs.get("config") if isinstance(job.kwargs, dict) else None
     if isinstance(config, dict) and config.get("use_cpu") is False:
         needs["num_gpus"] = 1
@@ -157,10 +162,8 @@ def _materialise(inputs: list[dict], local_root: Path) -> None:
             manifest = dest / cache.MANIFEST
             if manifest.is_file() and hashlib.sha256(manifest.read_bytes()).hexdigest() == item["sha"] \
                     and cache.verify_files(dest) is None:
-                continue
-            if dest.exists() and not (manifest.is_file() and
-                                      hashlib.sha256(manifest.read_bytes()).hexdigest() == item["sha"]):
-                shutil.rmtree(dest, ignore_errors=True)  # another model under that name: replaced
+                continue  # the same entry, intact: a unit before this one brought it
+            shutil.rmtree(dest, ignore_errors=True)  # another copy under that name, or a damaged one
             cache.install_entry(dest, ray.get(item["ref"]))
         else:
             if dest.is_file() and cache.file_sha256(dest) == item["sha"]:
@@ -258,7 +261,7 @@ def _unit_task(spec: dict):
                    "traceback": "".join(traceback.format_exception(type(detail), detail, detail.__traceback__))}
             return
         files = {}
-        if ship:
+        if ship:  # what changed under the mirror (another unit on this node may have written some: each whole)
             for rel, stamp in _snapshot(local_root).items():
                 if before.get(rel) != stamp:
                     files[rel] = (local_root / rel).read_bytes()
@@ -377,11 +380,10 @@ def run_units(todo: list[Job], run_dir: Path, *, threads: int, kit: UnitKit, liv
     ray = connect()
     run_dir = Path(run_dir).resolve()
     root = share_root(run_dir, kit.run_root)
-    units = kit.records(todo[0]).parent
-    for stale in units.glob(f"{WORK_PREFIX}*"):  # an earlier attempt's work folders (its tasks are gone)
+    for stale in run_dir.glob(f"{WORK_PREFIX}*"):  # an earlier attempt's work folders (its tasks are gone)
         shutil.rmtree(stale, ignore_errors=True)
     token = uuid.uuid4().hex[:12]
-    probe = units / f"{WORK_PREFIX}{token}" / "probe"
+    probe = run_dir / f"{WORK_PREFIX}{token}" / "probe"
     probe.parent.mkdir(parents=True, exist_ok=True)
     probe.write_text(token, encoding="utf-8")
     mode = files_mode(ray, root, probe, token)
@@ -455,8 +457,10 @@ def run_units(todo: list[Job], run_dir: Path, *, threads: int, kit: UnitKit, liv
                     metrics.parent.mkdir(parents=True, exist_ok=True)
                     metrics.write_bytes(b"")  # its records start here (UnitProgress: the unit runs)
                 elif "records" in item:
-                    with open(metrics, "ab") as f:
+                    with open(metrics, "ab") as f:  # whole lines; on disk before the done mark that counts them
                         f.write(item["records"])
+                        f.flush()
+                        os.fsync(f.fileno())
                 elif "failed" in item:
                     del running[gen]
                     fail(kit.failed(f"unit {job.key!r} ({job.fn}) failed: {item['failed']}\n"

@@ -207,6 +207,23 @@ def test_a_run_started_on_one_executor_resumes_on_the_other_redoing_no_finished_
         assert ray_executor._MODES.get(str(tmp_path)) == "shared"
 
 
+@pytest.mark.parametrize("files", ["shared", "ship"])
+def test_a_unit_on_ray_tracks_where_a_local_unit_does(cluster, tmp_path, monkeypatch, files):
+    """A unit's experiment tracker (experiment.unit_tracking_dir) gets the same folder, project and run name on Ray,
+    in either layout, as on the local pool: the driver's run directory's tracking/ folder."""
+    monkeypatch.setenv(ray_executor.FILES_ENV, files)
+    got = {}
+    for executor in ("local", "ray"):
+        run_dir = _run_dir(tmp_path / executor)
+        job = experiment.Job("gppo/seed=0", "jobfns:where_it_tracks", {"report_to": "tensorboard"})
+        got[executor] = experiment.run_jobs([job], run_dir / "control", executor=executor,
+                                            progress=lambda *_: None)[job.key]
+    assert got["ray"]["folder"] == got["local"]["folder"].replace(str(tmp_path / "local"), str(tmp_path / "ray"))
+    assert got["ray"]["folder"] == str(tmp_path / "ray" / "nb" / "stamp" / "tracking" / "tensorboard" / "gppo" /
+                                       "seed=0")
+    assert (got["ray"]["project"], got["ray"]["run_name"]) == ("nb", "gppo/seed=0")
+
+
 DRIVER = """
 import sys
 sys.path.insert(0, sys.argv[3])
@@ -313,7 +330,7 @@ def test_units_on_two_nodes_without_a_shared_disk_equal_the_local_pool_even_when
         armed.wait(timeout=300)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if any(p.stat().st_size > 0 for p in cluster.scratch("w").rglob("units/.ray-*/unit_seed=*.jsonl")):
+            if any(p.stat().st_size > 0 for p in cluster.scratch("w").rglob(".ray-*/unit_seed=*.jsonl")):
                 cluster.kill_node("w")
                 killed["at"] = time.monotonic()
                 return
@@ -348,7 +365,7 @@ def test_units_on_two_nodes_without_a_shared_disk_equal_the_local_pool_even_when
     # the same numbers and records as the local pool's, every record once, none missing
     assert _same(second) == _same(local)
     assert runs.read_metrics(run_dir / runs.METRICS_FILE) == local_records
-    assert not list((run_dir / "units").glob(".ray-*")), "a work folder was left in the run directory"
+    assert not list(run_dir.glob(".ray-*")), "a work folder was left in the run directory"
     print(f"node loss: {lost[0]!r}; the run ended {ended - killed['at']:.1f}s after the kill "
           f"({ended - clock:.1f}s in all)")
 
