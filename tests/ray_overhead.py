@@ -33,12 +33,15 @@ def main() -> None:
     ap.add_argument("--start-mb", type=float, default=0.0, help="units read a start (a cache entry) of this size: "
                     "the Ray runs then go once with every node sharing the disk and once shipping the start")
     args = ap.parse_args()
+    import shutil
+
     import ray
 
-    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, logging_level="ERROR",
-             log_to_driver=False, object_store_memory=100 * 2**20, _temp_dir=tempfile.mkdtemp(prefix="kro-"))
-    ray_executor.connect()
     work = Path(tempfile.mkdtemp(prefix="ray-overhead-"))
+    os.environ[ray_executor.SCRATCH_ENV] = str(work / "scratch")  # the local cluster's node mirrors, removed below
+    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False, object_store_memory=100 * 2**20, _temp_dir=str(work / "ray"))
+    ray_executor.connect()
 
     start = None
     if args.start_mb:
@@ -77,6 +80,7 @@ def main() -> None:
             print(f"{arm} overhead per unit: {per_unit[arm] - per_unit['local']:+.3f}s on {args.cpus} CPUs"
                   + (f", a {args.start_mb:g} MB start" if start else ""))
     ray.shutdown()
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
