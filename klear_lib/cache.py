@@ -87,6 +87,25 @@ def verify(entry: Path, key: str, made_by: Any) -> str | None:
         return f"{MANIFEST} is for key {manifest.get('key')!r}, not {key!r}"
     if manifest.get("made_by") != _normal(made_by):
         return f"{MANIFEST} records another config than the one that asks for it"
+    return _check_files(entry, files)
+
+
+def verify_files(entry: Path) -> str | None:
+    """None when the files under ``entry/final`` are exactly those of its manifest (sizes and sha256), whatever key
+    and config it was made for; otherwise why not. What a copy of an entry that crossed to another machine is
+    checked against on arrival (``klear_lib.ray_executor``): the key was checked where the entry was made."""
+    try:
+        files = json.loads((entry / MANIFEST).read_text(encoding="utf-8"))["files"]
+    except FileNotFoundError:
+        return f"no {MANIFEST}"
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{MANIFEST} is unreadable ({type(err).__name__})"
+    return _check_files(entry, files)
+
+
+def _check_files(entry: Path, files: Any) -> str | None:
+    if not isinstance(files, dict):
+        return f"{MANIFEST} has no file table"
     model = entry / MODEL_DIR
     if not model.is_dir():
         return f"no {MODEL_DIR}/ folder"
@@ -163,3 +182,46 @@ def ensure(cache_root: str | os.PathLike, key: str, made_by: Any, build: Callabl
         shutil.rmtree(work, ignore_errors=True)
         raise
     return entry / MODEL_DIR, False
+
+
+def is_entry(folder: Path) -> bool:
+    """Whether ``folder`` is a cache entry (a ``manifest.json`` beside a ``final/`` folder)."""
+    return (folder / MANIFEST).is_file() and (folder / MODEL_DIR).is_dir()
+
+
+def pack_entry(entry: Path) -> dict[str, bytes]:
+    """An entry's manifest and model files as ``{relative path: bytes}``, to send to another machine (whole files
+    in memory: the tiny models are a few MB; a GPU start is its weights' size)."""
+    entry = Path(entry)
+    files = {MANIFEST: (entry / MANIFEST).read_bytes()}
+    for p in sorted((entry / MODEL_DIR).rglob("*")):
+        if p.is_file():
+            files[p.relative_to(entry).as_posix()] = p.read_bytes()
+    return files
+
+
+def install_entry(entry: Path, files: dict[str, bytes]) -> bool:
+    """Put a packed entry (``pack_entry``) at ``entry``, checked against its own manifest before it is renamed into
+    place; an entry already there that passes ``verify_files`` is kept. True when installed, False when kept.
+    ValueError, naming the file, when the copy does not match its manifest (nothing is left behind)."""
+    entry = Path(entry)
+    if entry.exists() and verify_files(entry) is None:
+        return False
+    work = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        for name, data in files.items():
+            path = work / name
+            if Path(name).is_absolute() or ".." in Path(name).parts:
+                raise ValueError(f"{name!r}: not a path inside a cache entry")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        reason = verify_files(work)
+        if reason is not None:
+            raise ValueError(f"the copy of {entry} does not match its manifest: {reason}")
+        if entry.exists():
+            _set_aside(entry)
+        os.replace(work, entry)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return True

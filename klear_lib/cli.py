@@ -81,13 +81,15 @@ def _cmd_params(args: argparse.Namespace, layout: runner.Layout) -> int:
 
 def _cmd_run(args: argparse.Namespace, layout: runner.Layout) -> int:
     runner.require_notebooks(layout)
-    if args.resume and (args.notebook or args.param):
+    params, executor, address = _executor_params(args)
+    if args.resume and (args.notebook or params):
         raise KlearError("--resume continues a run with its recorded notebook and parameters: give no notebook "
                          "and no -p with it")
     if not args.resume and not args.notebook:
         raise KlearError("name a notebook (klear list shows them), or give --resume RUN_DIR")
     try:
-        run_dir = runner.run_notebook(args.notebook, args.preset, args.param, layout=layout, resume=args.resume)
+        run_dir = runner.run_notebook(args.notebook, args.preset, params, layout=layout, resume=args.resume,
+                                      executor=executor, ray_address=address)
     except runner.NotebookFailed as err:
         print(f"klear: {err}", file=sys.stderr)
         return 1
@@ -117,6 +119,35 @@ def _print_card(*, run_dir: pathlib.Path | None = None, output_root: pathlib.Pat
         print(f"klear: warning: no report card: {err}", file=sys.stderr)
         return
     print("\n" + text, file=sys.stderr if run_dir is not None else sys.stdout, flush=True)
+
+
+EXECUTOR_PARAMS = ("executor", "ray_address")  # -p keys that say where units run, not what a notebook computes
+
+
+def _executor_params(args: argparse.Namespace) -> tuple[list[str], str | None, str | None]:
+    """``--executor``/``--ray-address``, or the same as ``-p executor=ray``/``-p ray_address=...`` (taken out of
+    the notebook's parameters: where units run changes none of their numbers); the other ``-p`` as given."""
+    executor, address, rest = args.executor, args.ray_address, []
+    for item in args.param:
+        key, sep, value = item.partition("=")
+        if sep and key.strip() in EXECUTOR_PARAMS:
+            if key.strip() == "executor":
+                executor = value.strip().strip("'\"")
+            else:
+                address = value.strip().strip("'\"")
+        else:
+            rest.append(item)
+    if executor not in (None, "local", "ray"):
+        raise KlearError(f"executor {executor!r}: expected local or ray")
+    if address and executor != "ray":
+        raise KlearError("--ray-address needs --executor ray")
+    if executor == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise KlearError("--executor ray needs Ray in this environment: pip install 'ray==2.60.0' (the 'ray' "
+                             "extra)")
+    return rest, executor, address
 
 
 def _cmd_prepare(args: argparse.Namespace, layout: runner.Layout) -> int:
@@ -258,6 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-root", help="run directories go to <output root>/<notebook>/ (default: outputs)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run in RUN_DIR (its recorded "
                                                        "notebook and parameters; finished units are not redone)")
+    p.add_argument("--executor", choices=("local", "ray"), help="where units of work run: local (this machine's "
+                   "worker processes, the default) or ray (tasks on a Ray cluster; also -p executor=ray); a run "
+                   "started with one resumes with the other")
+    p.add_argument("--ray-address", help="the Ray cluster (default: auto, the running one, else a local one)")
     p.set_defaults(func=_cmd_run)
     p = sub.add_parser("params", parents=[dirs], help="every parameter of a notebook, its default and its presets")
     p.add_argument("notebook", help="name or unique prefix")

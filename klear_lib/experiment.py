@@ -25,6 +25,9 @@ process holding its pipe does). The done mark is written by the parent, and only
 directory is driven by one ``run_jobs`` at a time (``units/.lock``), and a resume waits until no worker of an
 earlier attempt holds ``units/.workers.lock``, so two attempts never write the same unit.
 
+Beyond one machine: ``executor="ray"`` (``klear run --executor ray``) runs each unit as a Ray task, placed by its
+needs, with the same records, done marks and resume (``klear_lib.ray_executor``).
+
 Why processes: the tiny model is too small for two threads to speed one run up much, but two runs at a time,
 one thread each, nearly double the throughput on two cores. Every job runs in a worker with ``threads`` torch
 threads, whatever ``workers`` is, so its numbers do not depend on how many ran beside it.
@@ -107,6 +110,7 @@ class Job:
     key: str
     fn: str
     kwargs: dict = field(default_factory=dict)
+    needs: dict = field(default_factory=dict)  # on Ray: num_cpus, num_gpus, memory, resources (ray_executor)
 
     def __post_init__(self) -> None:
         if not self.key or ":" not in self.fn:
@@ -126,6 +130,7 @@ def _paths(run_dir: Path, job: Job) -> tuple[Path, Path]:
     return units / f"{job.slug}.jsonl", units / f"{job.slug}.json"
 
 
+EXECUTOR_ENV = "KLEAR_EXECUTOR"  # "local" (the default: this machine's worker pool) or "ray" (klear_lib.ray_executor)
 OWNER_ENV = "KLEAR_RUN_OWNER"  # "pid:start time" of the process whose death ends the run (`klear run` sets it)
 RUN_LOCK = ".lock"  # held (exclusively) by the run_jobs driving a run directory
 WORKERS_LOCK = ".workers.lock"  # held (shared) by every worker of that run_jobs, until the worker is gone
@@ -359,7 +364,7 @@ def _check_owner(owner: str | None) -> None:
 
 def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, threads: int = 1,
              progress=print, busy_wait_s: float = 30.0, bars: str = "auto",
-             progress_every_s: float = 15.0) -> dict[str, dict]:
+             progress_every_s: float = 15.0, executor: str | None = None) -> dict[str, dict]:
     """Run ``jobs`` (``workers`` at a time, each with ``threads`` torch threads) and return ``{key: result}``.
 
     Done jobs (a result file in ``run_dir/units``) are not run again. The first failure stops the run: the jobs
@@ -369,6 +374,11 @@ def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, t
     Progress inside the units comes from their records as they are written (``UnitProgress``): ``bars="auto"``
     shows tqdm widgets in JupyterLab and lines through ``progress`` (at most one per unit every
     ``progress_every_s`` seconds) elsewhere; ``"none"``: the done lines only.
+
+    ``executor``: ``"local"`` (``workers`` processes on this machine) or ``"ray"`` (each unit a task on a Ray
+    cluster, placed by its needs, ``klear_lib.ray_executor``: ``workers`` does not apply); default
+    ``$KLEAR_EXECUTOR``, else local. Both write the same run directory: a run started with one resumes with the other.
+    A done mark that cannot be read (a truncated file) is named, and its unit runs again.
     """
     run_dir = Path(run_dir)
     keys = [j.key for j in jobs]
@@ -379,6 +389,9 @@ def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, t
         raise ValueError("two job keys map to the same file name; make them differ in letters or digits")
     if workers < 1 or threads < 1:
         raise ValueError(f"workers and threads must be >= 1, got {workers}, {threads}")
+    executor = executor or os.environ.get(EXECUTOR_ENV) or "local"
+    if executor not in ("local", "ray"):
+        raise ValueError(f"executor must be 'local' or 'ray', got {executor!r} ({EXECUTOR_ENV})")
     owner = run_owner()
     _check_owner(owner)
     units = run_dir / UNITS_DIR
@@ -388,7 +401,8 @@ def run_jobs(jobs: list[Job], run_dir: str | os.PathLike, *, workers: int = 2, t
         raise RunBusy(f"{run_dir} is being run by another process (it holds {units / RUN_LOCK}): "
                       "let it finish, or end it, before running this directory again")
     try:
-        return _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, owner, bars, progress_every_s)
+        return _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, owner, bars, progress_every_s,
+                           executor)
     finally:
         driver.close()
 
@@ -401,8 +415,28 @@ def _flock_mode(name: str) -> int:
     return getattr(fcntl, name)
 
 
+def _read_done(metrics: Path, result: Path) -> tuple[dict | None, str | None]:
+    """A done unit's result, or why its record cannot be trusted (a truncated or altered done mark or records)."""
+    reading = result
+    try:
+        value = json.loads(result.read_text(encoding="utf-8"))
+        if not isinstance(value, dict):
+            return None, f"{result} holds no JSON object"
+        reading = metrics
+        if metrics.is_file():
+            for n, line in enumerate(metrics.read_text(encoding="utf-8").splitlines(), 1):
+                try:
+                    if line.strip() and not isinstance(json.loads(line), dict):
+                        raise ValueError("not a JSON object")
+                except ValueError as err:
+                    return None, f"{metrics} line {n}: {type(err).__name__}: {err}"
+    except (OSError, ValueError) as err:  # JSONDecodeError, UnicodeDecodeError
+        return None, f"{reading}: {type(err).__name__}: {err}"
+    return value, None
+
+
 def _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, owner, bars,
-                progress_every_s) -> dict[str, dict]:
+                progress_every_s, executor="local") -> dict[str, dict]:
     units = run_dir / UNITS_DIR
     earlier = _lock(units / WORKERS_LOCK, _flock_mode("LOCK_EX"), wait_s=0.0)
     if earlier is None:
@@ -417,16 +451,59 @@ def _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, ow
     for job in jobs:
         metrics, result = _paths(run_dir, job)
         if result.is_file():
-            results[job.key] = json.loads(result.read_text(encoding="utf-8"))
-        else:
-            metrics.unlink(missing_ok=True)  # a partial record of an interrupted attempt
-            todo.append(job)
+            value, damage = _read_done(metrics, result)
+            if damage is None:
+                results[job.key] = value
+                continue
+            progress(f"unit {job.key!r}: its record is damaged ({damage}); running it again")
+            result.unlink(missing_ok=True)
+        metrics.unlink(missing_ok=True)  # a partial record of an interrupted attempt
+        todo.append(job)
     if results:
         progress(f"resuming: {len(results)} of {len(jobs)} units already done, {len(todo)} to run")
     merge_metrics(run_dir, jobs)
     if not todo:
         return {k: results[k] for k in keys}
     clock = time.perf_counter()
+    live = UnitProgress(todo, run_dir, mode=bars, progress=progress, every_s=progress_every_s, done=len(results),
+                        total=len(jobs))
+
+    def record(job: Job, result: dict) -> None:
+        """The done mark of a unit that returned (only while the run's owner lives), its progress line."""
+        _check_owner(owner)
+        runs.write_atomic(_paths(run_dir, job)[1], runs.to_json_text(result, "result", sort_keys=True) + "\n")
+        results[job.key] = result
+        live.finished(job)
+        merge_metrics(run_dir, jobs)
+        elapsed = time.perf_counter() - clock
+        done_count = len(results)
+        ran = done_count - (len(jobs) - len(todo))
+        left = elapsed / ran * (len(jobs) - done_count) if ran else 0.0
+        progress(f"[{done_count:3d}/{len(jobs)}] {job.key} done in {result['seconds']:.0f}s "
+                 f"(elapsed {elapsed:.0f}s, about {left / 60:.1f} min left)")
+
+    try:
+        if executor == "ray":
+            from klear_lib import ray_executor
+
+            kit = ray_executor.UnitKit(
+                records=lambda job: _paths(run_dir, job)[0], run_root=_run_root(run_dir),
+                check_owner=lambda: _check_owner(owner), failed=JobFailed,
+                worker=(_worker_context, _init_worker, _call, process_identity), owner_env=OWNER_ENV,
+                env={"TRACKIO_DIR": str(_run_root(run_dir) / TRACKING_DIR / "trackio")})
+            failure = ray_executor.run_units(todo, run_dir, threads=threads, kit=kit, live=live, record=record,
+                                             progress=progress)
+        else:
+            failure = _run_pool(todo, run_dir, units, workers, threads, owner, live, record)
+    finally:
+        live.close()
+    if failure is not None:
+        raise failure
+    return {k: results[k] for k in keys}
+
+
+def _run_pool(todo, run_dir, units, workers, threads, owner, live, record) -> JobFailed | None:
+    """The local executor: ``workers`` processes of this machine; the first failure, or None."""
     failure = None
     worker_env = {**os.environ, "TRACKIO_DIR": str(_run_root(run_dir) / TRACKING_DIR / "trackio")}
     pool = cf.ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=_worker_context(),
@@ -438,9 +515,6 @@ def _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, ow
         for job in todo:
             metrics, _ = _paths(run_dir, job)
             futures[pool.submit(_call, job.fn, job.kwargs, str(metrics), job.key)] = job
-        done_count = len(results)
-        live = UnitProgress(todo, run_dir, mode=bars, progress=progress, every_s=progress_every_s,
-                            done=len(results), total=len(jobs))
         for fut in _as_completed(futures, live.poll):
             job = futures[fut]
             try:
@@ -455,21 +529,8 @@ def _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, ow
                     for other in futures:
                         other.cancel()
                 continue
-            _check_owner(owner)  # the done mark is written only while the run's owner lives
-            runs.write_atomic(_paths(run_dir, job)[1], runs.to_json_text(result, "result", sort_keys=True) + "\n")
-            results[job.key] = result
-            done_count += 1
-            live.finished(job)
-            merge_metrics(run_dir, jobs)
-            elapsed = time.perf_counter() - clock
-            ran = done_count - (len(jobs) - len(todo))
-            left = elapsed / ran * (len(jobs) - done_count) if ran else 0.0
-            progress(f"[{done_count:3d}/{len(jobs)}] {job.key} done in {results[job.key]['seconds']:.0f}s "
-                     f"(elapsed {elapsed:.0f}s, about {left / 60:.1f} min left)")
-        live.close()
+            record(job, result)  # the done mark is written only while the run's owner lives
     except BaseException:  # Ctrl-C above all: stop now; the running units are lost (redone on the next call)
-        if "live" in locals():
-            live.close()
         # concurrent.futures has no public way to stop a running task: end its worker processes (SIGTERM, which
         # each worker turns into the end of its process group and of everything it started)
         for proc in list(getattr(pool, "_processes", {}).values()):
@@ -477,9 +538,7 @@ def _run_locked(jobs, run_dir, keys, workers, threads, progress, busy_wait_s, ow
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
-    if failure is not None:
-        raise failure
-    return {k: results[k] for k in keys}
+    return failure
 
 
 def _as_completed(futures, poll, every_s: float = 1.0):

@@ -371,13 +371,16 @@ def run_notebook(
     layout: Layout,
     progress_bar: bool = True,
     resume: str | os.PathLike | None = None,
+    executor: str | None = None,
+    ray_address: str | None = None,
 ) -> pathlib.Path:
     """Execute a notebook with a preset into a new run directory and return it; NotebookFailed if it raised
     (DiskFull, one line, when the disk filled up), RunInterrupted on Ctrl-C. ``resume``: run again into that run
     directory, with the notebook, preset and parameters its ``params.json`` recorded (``spec``, ``preset`` and
     ``overrides`` must not be given); the units of work it finished are not redone (``klear_lib.experiment``).
     Refused (KlearError) with less than ``runs.min_free_mb()`` free on the output root, and while another process
-    runs the same run directory (``own_run_dir``)."""
+    runs the same run directory (``own_run_dir``). ``executor`` (``local``, ``ray``) and ``ray_address`` reach the
+    kernel's units as ``KLEAR_EXECUTOR``/``KLEAR_RAY_ADDRESS`` (``klear_lib.experiment.run_jobs``)."""
     owner = contextlib.ExitStack()
     if resume is not None:
         _check_free_space(pathlib.Path(resume))
@@ -396,11 +399,13 @@ def run_notebook(
         record = {"notebook": name, "notebook_path": str(notebook), "preset": preset, "params": params,
                   RUN_DIR_PARAM: str(run_dir), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     with owner:
-        return _execute(notebook, name, params, record, run_dir, layout, resume=resume, progress_bar=progress_bar)
+        return _execute(notebook, name, params, record, run_dir, layout, resume=resume, progress_bar=progress_bar,
+                        executor=executor, ray_address=ray_address)
 
 
 def _execute(notebook: pathlib.Path, name: str, params: Mapping[str, Any], record: dict, run_dir: pathlib.Path,
-             layout: Layout, *, resume, progress_bar: bool) -> pathlib.Path:
+             layout: Layout, *, resume, progress_bar: bool, executor: str | None,
+             ray_address: str | None) -> pathlib.Path:
     """``run_notebook`` once the run directory is this process's (``own_run_dir``): the record, then papermill."""
     import papermill
 
@@ -423,7 +428,9 @@ def _execute(notebook: pathlib.Path, name: str, params: Mapping[str, Any], recor
     # The kernel inherits these: the notebook's preset.json names klear as its launcher and compares the parameters
     # with the presets klear read them from (klear_lib.notebook.start_run).
     kernel_env = contextlib.ExitStack()
-    kernel_env.enter_context(_environ({"KLEAR_LAUNCHER": "klear run", "KLEAR_PARAMS_DIR": str(layout.params_dir)}))
+    kernel_env.enter_context(_environ({"KLEAR_LAUNCHER": "klear run", "KLEAR_PARAMS_DIR": str(layout.params_dir),
+                                       **({"KLEAR_EXECUTOR": executor} if executor else {}),
+                                       **({"KLEAR_RAY_ADDRESS": ray_address} if ray_address else {})}))
     try:
         with _owning_the_run(), _adopting_descendants():
             papermill.execute_notebook(

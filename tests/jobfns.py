@@ -85,3 +85,46 @@ def worker_facts(*, metrics_path: str, threads_op: bool = False) -> dict:
         out["threads"] = torch.get_num_threads()
         faulthandler.cancel_dump_traceback_later()
     return out
+
+
+def build_entry(*, n: int, cache_root: str, out_dir: str, metrics_path: str, size: int = 4096) -> dict:
+    """A verified cache entry ``entry-<n>`` (``klear_lib.cache.ensure``: one file of seeded bytes) and an artefact
+    ``out_dir/made.json``, as a start unit makes its model and its record; returns the model's folder."""
+    import json
+    import random
+
+    from klear_lib import cache
+
+    def build(work: Path) -> None:
+        (work / "final").mkdir(parents=True)
+        (work / "final" / "weights.bin").write_bytes(random.Random(n).randbytes(size))
+
+    final, reused = cache.ensure(cache_root, f"entry-{n}", {"n": n}, build, label="test entry",
+                                 progress=lambda *_: None)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(out_dir) / "made.json").write_text(json.dumps({"n": n}))
+    with runs.MetricsWriter(metrics_path) as w:
+        w.write({"n": n, "reused": reused})
+    return {"model_dir": str(final), "node": os.environ.get("KLEAR_TEST_NODE")}
+
+
+def seeded_numbers(*, seed: int, start: str, steps: int, step_s: float, metrics_path: str) -> dict:
+    """Records of seeded float64 matrix products on the worker's torch threads, seeded by ``seed`` and the first
+    byte of the start's weights (a unit whose start did not arrive intact computes other numbers); the node it ran
+    on (``KLEAR_TEST_NODE`` of the Ray node, None in a local worker) beside them."""
+    import time
+
+    import torch
+
+    first = (Path(start) / "weights.bin").read_bytes()[0]
+    g = torch.Generator().manual_seed(1000 * seed + first)
+    total = 0.0
+    with runs.MetricsWriter(metrics_path) as w:
+        for i in range(steps):
+            a = torch.rand(96, 96, generator=g, dtype=torch.float64)
+            value = float((a @ a).sum())
+            total += value
+            w.write({"seed": seed, "i": i, "value": value})
+            time.sleep(step_s)
+    return {"seed": seed, "checksum": total, "threads": torch.get_num_threads(),
+            "node": os.environ.get("KLEAR_TEST_NODE")}

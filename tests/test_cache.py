@@ -170,3 +170,26 @@ def test_the_weights_digest_reads_every_shard_in_name_order_and_names_a_folder_w
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors weights in .*empty"):
         cache.weights_sha256(empty)
+
+
+def test_a_copy_of_an_entry_sent_to_another_machine_is_checked_against_its_manifest_on_arrival(tmp_path):
+    """The Ray executor ships a start as ``pack_entry``'s bytes; ``install_entry`` puts it in place only when every
+    file matches the manifest that came with it (an altered or missing file: one line naming it, nothing left
+    behind), and keeps an intact entry already there."""
+    final, _, _ = ensure(tmp_path / "a", Builder())
+    files = cache.pack_entry(final.parent)
+    assert sorted(files) == ["final/config.json", "final/model.safetensors", "manifest.json"]
+    dest = tmp_path / "b" / "k1"
+    altered = {**files, "final/model.safetensors": b"\xff" + files["final/model.safetensors"][1:]}
+    with pytest.raises(ValueError, match=r"final/model\.safetensors differs from the manifest's sha256"):
+        cache.install_entry(dest, altered)
+    missing = {k: v for k, v in files.items() if k != "final/config.json"}
+    with pytest.raises(ValueError, match=r"final/config\.json is missing"):
+        cache.install_entry(dest, missing)
+    with pytest.raises(ValueError, match="not a path inside a cache entry"):
+        cache.install_entry(dest, {**files, "../outside": b"x"})
+    assert not (tmp_path / "b").exists() or list((tmp_path / "b").iterdir()) == []  # nothing left behind
+    assert cache.install_entry(dest, files) is True
+    assert cache.verify(dest, "k1", MADE_BY) is None  # the copy is the entry: its key and config check too
+    assert cache.install_entry(dest, altered) is False  # an intact entry stays, whatever arrives
+    assert (dest / "final" / "model.safetensors").read_bytes() == WEIGHTS

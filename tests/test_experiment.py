@@ -95,3 +95,26 @@ def test_a_forked_worker_computes_on_several_threads_as_this_process_does(tmp_pa
     facts = _facts(tmp_path, "threads", threads_op=True, threads=2)
     assert facts["threads"] == 2
     assert facts["checksum"] == pytest.approx(float((a @ a).sum()), rel=1e-12)
+
+
+def test_a_damaged_unit_record_is_named_and_its_unit_runs_again(tmp_path):
+    """A truncated done mark (a crash or a full disk outside klear's atomic writes) or a cut records file no longer
+    fails the resume with a JSONDecodeError naming no file: the line names the file, and that unit runs again."""
+    import json
+
+    jobs, log = jobs_for(tmp_path, [1, 2, 3])
+    run = tmp_path / "run"
+    experiment.run_jobs(jobs, run, workers=1, progress=lambda *_: None)
+    done = run / "units" / "job_n=2.json"
+    done.write_text(done.read_text()[:9])
+    records = run / "units" / "job_n=1.jsonl"
+    records.write_text(records.read_text()[:-4] + "\n")
+    lines = []
+    results = experiment.run_jobs(jobs, run, workers=1, progress=lines.append)
+    assert lines[0].startswith(f"unit 'job/n=1': its record is damaged ({records} line 1: JSONDecodeError: ")
+    assert lines[1].startswith(f"unit 'job/n=2': its record is damaged ({done}: JSONDecodeError: ")
+    assert lines[0].endswith("; running it again") and lines[2] == "resuming: 1 of 3 units already done, 2 to run"
+    assert calls(log) == [1, 1, 2, 2, 3]  # the two damaged units ran again, the sound one did not
+    assert json.loads(done.read_text())["n"] == 2 and results["job/n=1"]["n"] == 1
+    merged = runs.read_metrics(run / "metrics.jsonl")
+    assert [(r["n"], r["i"]) for r in merged] == [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]

@@ -1,0 +1,386 @@
+"""Units of work on a Ray cluster (klear_lib.ray_executor): a real two-node cluster on this machine (`ray start
+--head` and `ray start --address`, one CPU each, each with its own temp dir, scratch folder and resources; loopback
+only). The same units give the same records and results as the local pool, with or without a shared disk (a cache
+entry made on a node reaches the driver and the node of a later unit, checked against its manifest); a run started
+on Ray resumes on the local pool and the other way round, redoing no finished unit; SIGKILL of the driver, or the
+death of the run's owner (`klear run`), ends the units on every node and records nothing more; a node killed mid-unit
+makes that unit fail with one line and run again, every record once. About 100 s on 2 cores (the cluster's start
+and each node's forkserver are most of it)."""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+import pytest
+
+from klear_lib import cache, experiment, runs
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (the 'ray' extra: pip install 'ray==2.60.0')")
+from klear_lib import ray_executor  # noqa: E402 (after the skip)
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts processes through /proc")
+
+TESTS = pathlib.Path(__file__).parent
+REPO = TESTS.parent
+MARK = "KLEAR_TEST_RAY_MARK"  # every process of the test's cluster carries it (and KLEAR_TEST_NODE=<its node>)
+UNIT_MARK = "KLEAR_TEST_UNIT_MARK"  # a KLEAR_ variable of the driver: the units' processes see it (forwarded)
+NOT_TIMING = ("seconds", "node")  # wall-clock and placement: all that may differ between executors
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def marked(name: str, value: str, node: str | None = None) -> list[int]:
+    """Live processes whose environment holds ``name=value`` (and ``KLEAR_TEST_NODE=node`` when given)."""
+    found = []
+    want = [f"{name}={value}".encode()] + ([f"KLEAR_TEST_NODE={node}".encode()] if node else [])
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            if not all(w in env for w in want):
+                continue
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+        except OSError:
+            continue
+        found.append(int(entry.name))
+    return found
+
+
+def _kill(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+class Cluster:
+    """Two Ray nodes on this machine, started with ``ray start``; every process they start is marked, so that the
+    test ends exactly those (never ``ray stop``, which would end every cluster of the machine)."""
+
+    def __init__(self):
+        self.mark = uuid.uuid4().hex
+        self.base = pathlib.Path(tempfile.mkdtemp(prefix="kray-"))  # short: Ray's socket paths must fit 107 bytes
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.start("head")
+        self.start("w")
+
+    def scratch(self, node: str) -> pathlib.Path:
+        return self.base / f"scratch-{node}"
+
+    def start(self, node: str) -> None:
+        env = {**os.environ, MARK: self.mark, "KLEAR_TEST_NODE": node, "RAY_USAGE_STATS_ENABLED": "0",
+               "RAY_AUTH_MODE": "disabled",  # whatever ~/.ray/auth_token this machine's other users made
+               "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]),
+               ray_executor.SCRATCH_ENV: str(self.scratch(node))}
+        ports = ["--dashboard-agent-listen-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
+                 "--runtime-env-agent-port", str(_free_port())]
+        where = (["--head", "--port", str(self.port), "--ray-client-server-port", str(_free_port()),
+                  "--include-dashboard", "false", "--dashboard-port", str(_free_port())] if node == "head"
+                 else ["--address", self.address])
+        cmd = [str(pathlib.Path(sys.executable).parent / "ray"), "start", *where, "--num-cpus", "1",
+               "--object-store-memory", str(80 * 2**20), "--temp-dir", str(self.base / node),
+               "--resources", json.dumps({f"node_{node}": 1}), "--node-ip-address", "127.0.0.1",
+               "--disable-usage-stats", *ports]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0, f"ray start {node} failed: {out.stderr[-2000:]}"
+
+    def kill_node(self, node: str) -> None:
+        _kill(marked(MARK, self.mark, node))
+
+    def stop(self) -> None:
+        pids = marked(MARK, self.mark)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        while marked(MARK, self.mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        _kill(marked(MARK, self.mark))
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+class _Started(Cluster):
+    def __init__(self):  # a node that fails to start ends the ones already started
+        try:
+            super().__init__()
+        except BaseException:
+            self.stop()
+            raise
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # the driver's side (and the driver script's) of the same choice
+    c = _Started()
+    try:
+        ray_executor.connect(c.address)
+        yield c
+    finally:
+        ray.shutdown()
+        c.stop()
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
+
+
+def _run_dir(root: pathlib.Path) -> pathlib.Path:
+    """A notebook's run directory under the output root ``root`` (its config.json: units find their run by it)."""
+    run_dir = root / "nb" / "stamp"
+    run_dir.mkdir(parents=True)
+    (run_dir / runs.CONFIG_FILE).write_text("{}\n")
+    return run_dir
+
+
+def _pipeline(root: pathlib.Path, run_dir: pathlib.Path, executor: str) -> tuple[dict, dict, list]:
+    """Two stages, as a notebook's: starts (cache entries under the output root's .cache, an artefact each), then
+    units reading them; returns both stages' results and the records."""
+    starts = [experiment.Job(f"start/{n}", "jobfns:build_entry", {"n": n, "cache_root": str(root / ".cache"),
+                                                                  "out_dir": str(run_dir / "made" / str(n))})
+              for n in (1, 2)]
+    first = experiment.run_jobs(starts, run_dir / "starts", executor=executor, progress=lambda *_: None)
+    jobs = [experiment.Job(f"unit/seed={s}", "jobfns:seeded_numbers", {
+        "seed": s, "start": first[f"start/{1 + s % 2}"]["model_dir"], "steps": 4, "step_s": 0.25}) for s in range(4)]
+    second = experiment.run_jobs(jobs, run_dir, executor=executor, progress=lambda *_: None)
+    return first, second, runs.read_metrics(run_dir / runs.METRICS_FILE)
+
+
+def _same(results: dict) -> dict:
+    return {k: {f: v for f, v in r.items() if f not in NOT_TIMING} for k, r in results.items()}
+
+
+def _count_jobs(tmp_path, fail=()):
+    log = str(tmp_path / "calls.log")
+    return [experiment.Job(f"job/n={n}", "jobfns:count_and_write", {"n": n, "log": log, "fail": n in fail})
+            for n in (1, 2, 3)]
+
+
+def _calls(tmp_path):
+    log = tmp_path / "calls.log"
+    return sorted(int(x) for x in log.read_text().split()) if log.exists() else []
+
+
+@pytest.mark.parametrize("first,then", [("ray", "local"), ("local", "ray")])
+def test_a_run_started_on_one_executor_resumes_on_the_other_redoing_no_finished_unit(cluster, tmp_path, first,
+                                                                                       then):
+    """On this machine every node sees the run directory (auto: shared). A failure stops the run as it does
+    locally (the same line); the resume runs only what did not finish."""
+    run_dir = tmp_path / "run"
+    expected = r"unit 'job/n=2' \(jobfns:count_and_write\) failed: RuntimeError: job 2 failed on purpose"
+    with pytest.raises(experiment.JobFailed, match=expected):
+        experiment.run_jobs(_count_jobs(tmp_path, fail={2}), run_dir, workers=1, executor=first,
+                            progress=lambda *_: None)
+    done_before = sorted(p.name for p in (run_dir / "units").glob("*.json"))
+    ran_before = _calls(tmp_path)
+    lines = []
+    results = experiment.run_jobs(_count_jobs(tmp_path), run_dir, workers=2, executor=then, progress=lines.append)
+    rerun = _calls(tmp_path)
+    for n in ran_before:
+        rerun.remove(n)
+    redone = {f"job_n={n}.json" for n in rerun}
+    assert not redone & set(done_before), (done_before, rerun)  # no finished unit ran again
+    assert lines[0] == f"resuming: {len(done_before)} of 3 units already done, {3 - len(done_before)} to run"
+    assert sorted(results) == ["job/n=1", "job/n=2", "job/n=3"]
+    records = runs.read_metrics(run_dir / "metrics.jsonl")
+    assert [(r["n"], r["i"]) for r in records] == [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]
+    if "ray" in (first, then):
+        assert ray_executor._MODES.get(str(tmp_path)) == "shared"
+
+
+@pytest.mark.parametrize("files", ["shared", "ship"])
+def test_a_unit_on_ray_tracks_where_a_local_unit_does(cluster, tmp_path, monkeypatch, files):
+    """A unit's experiment tracker (experiment.unit_tracking_dir) gets the same folder, project and run name on Ray,
+    in either layout, as on the local pool: the driver's run directory's tracking/ folder."""
+    monkeypatch.setenv(ray_executor.FILES_ENV, files)
+    got = {}
+    for executor in ("local", "ray"):
+        run_dir = _run_dir(tmp_path / executor)
+        job = experiment.Job("gppo/seed=0", "jobfns:where_it_tracks", {"report_to": "tensorboard"})
+        got[executor] = experiment.run_jobs([job], run_dir / "control", executor=executor,
+                                            progress=lambda *_: None)[job.key]
+    assert got["ray"]["folder"] == got["local"]["folder"].replace(str(tmp_path / "local"), str(tmp_path / "ray"))
+    assert got["ray"]["folder"] == str(tmp_path / "ray" / "nb" / "stamp" / "tracking" / "tensorboard" / "gppo" /
+                                       "seed=0")
+    assert (got["ray"]["project"], got["ray"]["run_name"]) == ("nb", "gppo/seed=0")
+
+
+DRIVER = """
+import sys
+sys.path.insert(0, sys.argv[3])
+from klear_lib import experiment, ray_executor
+jobs = [experiment.Job(f"u/{n}", "jobfns:slow_unit", {"n": n, "steps": 30, "step_s": 0.5, "pad": 0, "children": True})
+        for n in range(2)]
+ray_executor.connect(sys.argv[2])
+experiment.run_jobs(jobs, sys.argv[1], executor="ray", progress=lambda *_: None)
+"""
+
+
+def test_sigkill_of_the_driver_ends_its_units_on_every_node_and_records_nothing_more(cluster, tmp_path):
+    """The driver (here a script; under `klear run`, the kernel) is killed while both units run, one per node, each
+    with two child processes (one in a session of its own): Ray ends the run's workers, the units' processes follow;
+    no unit is marked done after the kill; the resume (on the local pool) records every unit once."""
+    mark = uuid.uuid4().hex
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(script), str(run_dir), cluster.address, str(TESTS)],
+                            env={**os.environ, UNIT_MARK: mark}, stderr=subprocess.PIPE, text=True)
+    records = [run_dir / "units" / f"u_{n}.jsonl" for n in range(2)]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if all(r.exists() and r.stat().st_size > 0 for r in records):  # both units run: their records arrived
+            break
+        time.sleep(0.05)
+    assert all(r.exists() and r.stat().st_size > 0 for r in records), proc.stderr.read()[-2000:] if proc.poll() else ""
+    before = [pid for pid in marked(UNIT_MARK, mark) if pid != proc.pid]
+    assert len(before) == 4, before  # each unit's two children (a unit's own process shows the mark only to them)
+    proc.kill()
+    killed = time.monotonic()
+    proc.wait(timeout=30)
+    proc.stderr.close()
+    left = marked(UNIT_MARK, mark)
+    while left and time.monotonic() < killed + 15:
+        time.sleep(0.1)
+        left = marked(UNIT_MARK, mark)
+    gone_s = time.monotonic() - killed
+    _kill(left)
+    late = sorted(p.name for p in (run_dir / "units").glob("*.json"))
+    assert (left, late) == ([], []), f"{len(left)} unit processes left 15 s after the kill: {left}; done: {late}"
+    print(f"driver SIGKILL: every unit process gone {gone_s:.1f}s after the kill")
+    jobs = [experiment.Job(f"u/{n}", "jobfns:slow_unit", {"n": n, "steps": 3, "step_s": 0.0, "pad": 0,
+                                                          "children": False}) for n in range(2)]
+    experiment.run_jobs(jobs, run_dir, workers=2, progress=lambda *_: None)
+    records = runs.read_metrics(run_dir / "metrics.jsonl")
+    assert sorted((r["n"], r["i"]) for r in records) == [(n, i) for n in range(2) for i in range(3)]
+
+
+def test_the_death_of_the_runs_owner_cancels_its_units_on_every_node_within_seconds(cluster, tmp_path, monkeypatch):
+    """`klear run` (the owner, KLEAR_RUN_OWNER) dies while a unit runs on each node: the driver stops with OwnerGone
+    at its next check and cancels every task (the path Ctrl-C takes too); the units' processes are gone within
+    seconds and nothing is marked done."""
+    mark = uuid.uuid4().hex
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    monkeypatch.setenv(experiment.OWNER_ENV, experiment.process_identity(owner.pid))
+    monkeypatch.setenv(UNIT_MARK, mark)
+    run_dir = tmp_path / "run"
+    records = [run_dir / "units" / f"u_{n}.jsonl" for n in range(2)]
+
+    def kill_owner_when_both_run():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(r.exists() and r.stat().st_size > 0 for r in records):
+            time.sleep(0.05)
+        owner.kill()
+        owner.wait()
+
+    jobs = [experiment.Job(f"u/{n}", "jobfns:slow_unit", {"n": n, "steps": 30, "step_s": 0.5, "pad": 0,
+                                                          "children": True}) for n in range(2)]
+    killer = threading.Thread(target=kill_owner_when_both_run, daemon=True)
+    killer.start()
+    clock = time.monotonic()
+    with pytest.raises(experiment.OwnerGone, match=str(owner.pid)):
+        experiment.run_jobs(jobs, run_dir, executor="ray", progress=lambda *_: None)
+    killer.join(timeout=5)
+    stopped = time.monotonic()
+    assert stopped - clock < 60  # not the units' 15 s each, twice over
+    left = marked(UNIT_MARK, mark)
+    while left and time.monotonic() < stopped + 15:
+        time.sleep(0.1)
+        left = marked(UNIT_MARK, mark)
+    gone_s = time.monotonic() - stopped
+    _kill(left)
+    assert left == [] and not list((run_dir / "units").glob("*.json")), left
+    print(f"owner death: the driver stopped, every unit process gone {gone_s:.1f}s later")
+
+
+def test_units_on_two_nodes_without_a_shared_disk_equal_the_local_pool_even_when_a_node_is_lost(
+        cluster, tmp_path, monkeypatch):
+    """Two stages through the cluster without a shared disk (``ship``): the starts, made on the nodes, come back
+    whole to the driver's paths, reach the nodes of the units that read them (checked against their manifests on
+    arrival), and the units' numbers and records equal the local pool's, every record once, although node ``w`` is
+    killed (every process of it) while it runs a unit of the second stage: that unit fails with one line naming it
+    and runs again on the node left. (The cluster has one node after this test: the others need none.)"""
+    local_first, local, local_records = _pipeline(tmp_path / "local", _run_dir(tmp_path / "local"), "local")
+    monkeypatch.setenv(ray_executor.FILES_ENV, "ship")
+    root = tmp_path / "ray"
+    run_dir = _run_dir(root)
+    lines, killed = [], {}
+    armed = threading.Event()
+
+    def kill_when_w_runs_a_unit():
+        armed.wait(timeout=300)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(p.stat().st_size > 0 for p in cluster.scratch("w").rglob(".ray-*/unit_seed=*.jsonl")):
+                cluster.kill_node("w")
+                killed["at"] = time.monotonic()
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_when_w_runs_a_unit, daemon=True)
+    killer.start()
+    starts = [experiment.Job(f"start/{n}", "jobfns:build_entry", {"n": n, "cache_root": str(root / ".cache"),
+                                                                  "out_dir": str(run_dir / "made" / str(n))})
+              for n in (1, 2)]
+    first = experiment.run_jobs(starts, run_dir / "starts", executor="ray", progress=lambda *_: None)
+    jobs = [experiment.Job(f"unit/seed={s}", "jobfns:seeded_numbers", {
+        "seed": s, "start": first[f"start/{1 + s % 2}"]["model_dir"], "steps": 4, "step_s": 0.25}) for s in range(4)]
+    armed.set()
+    clock = time.monotonic()
+    second = experiment.run_jobs(jobs, run_dir, executor="ray", progress=lines.append)
+    ended = time.monotonic()
+    killer.join(timeout=1)
+    assert "at" in killed, "node w never ran a unit of the second stage"
+    # the starts: made on both nodes (in their scratch folders), back at the driver's paths, intact
+    assert {r["node"] for r in first.values()} == {"head", "w"}, first
+    assert {k: r["model_dir"] for k, r in first.items()} == {
+        k: r["model_dir"].replace(str(tmp_path / "local"), str(root)) for k, r in local_first.items()}
+    for n in (1, 2):
+        assert cache.verify_files(root / ".cache" / f"entry-{n}") is None
+        assert json.loads((run_dir / "made" / str(n) / "made.json").read_text()) == {"n": n}
+    # the node loss: one line naming the unit, which ran again on the head node
+    lost = [line for line in lines if "lost its node or worker" in line]
+    assert len(lost) == 1 and "running it again (attempt 2 of 3)" in lost[0], lines
+    key = lost[0].split("'")[1]
+    assert second[key]["node"] == "head"
+    # the same numbers and records as the local pool's, every record once, none missing
+    assert _same(second) == _same(local)
+    assert runs.read_metrics(run_dir / runs.METRICS_FILE) == local_records
+    assert not list(run_dir.glob(".ray-*")), "a work folder was left in the run directory"
+    print(f"node loss: {lost[0]!r}; the run ended {ended - killed['at']:.1f}s after the kill "
+          f"({ended - clock:.1f}s in all)")
+
+
+def test_klear_run_takes_the_executor_as_an_option_or_a_parameter(monkeypatch, tmp_path):
+    """``--executor ray``/``--ray-address`` and ``-p executor=ray``/``-p ray_address=...`` reach the kernel's units
+    (runner: KLEAR_EXECUTOR, KLEAR_RAY_ADDRESS) and are not notebook parameters; a bad executor is one line."""
+    from klear_lib import cli, runner
+
+    seen = []
+    monkeypatch.setattr(runner, "run_notebook", lambda *a, **kw: seen.append((a, kw)) or tmp_path)
+    monkeypatch.setattr(runner, "report_contract", lambda run_dir: [])
+    assert cli.main(["run", "03", "--executor", "ray", "--ray-address", "10.0.0.1:6379", "-p", "seeds=0"]) == 0
+    assert cli.main(["run", "03", "-p", "executor=ray", "-p", "ray_address=auto", "-p", "seeds=0"]) == 0
+    assert cli.main(["run", "--resume", str(tmp_path), "--executor", "local"]) == 0
+    assert [(a[2], kw["executor"], kw["ray_address"]) for a, kw in seen] == [
+        (["seeds=0"], "ray", "10.0.0.1:6379"), (["seeds=0"], "ray", "auto"), ([], "local", None)]
+    assert cli.main(["run", "03", "-p", "executor=slurm"]) == 2
