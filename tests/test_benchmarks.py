@@ -20,7 +20,8 @@ import datasets
 import pytest
 
 from klear_lib.data import tasks
-from klear_lib.data.hub import SchemaError, aime_row, hmmt_row, lcb_row, write_jsonl
+from klear_lib.data.hub import SchemaError
+from klear_lib.data.rows import aime_row, hmmt_row, lcb_row, write_jsonl
 from klear_lib.evaluation import benchmarks
 from klear_lib.evaluation.benchmarks import (
     BENCHMARKS,

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from klear_lib import models, runs
-from klear_lib.data import hub, tasks
+from klear_lib.data import rows as row_writers
+from klear_lib.data import tasks
 from klear_lib.train import launch, sft
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,8 +56,8 @@ def test_launch_on_the_tiny_task_writes_a_run_directory_and_the_model(tiny_model
 
 
 def test_launch_on_klear_math_records_judges_with_math_verify(tiny_model, tmp_path):
-    rows = [hub.klear_rl_row(f"What is {a} + {b}?", str(a + b)) for a in range(3) for b in range(2)]
-    data = hub.write_jsonl(rows, tmp_path / "math.jsonl")
+    rows = [row_writers.klear_rl_row(f"What is {a} + {b}?", str(a + b)) for a in range(3) for b in range(2)]
+    data = row_writers.write_jsonl(rows, tmp_path / "math.jsonl")
     out = tmp_path / "run"
     code = launch.main(["--config", str(CONFIG), "--out", str(out), "-p", f"model={tiny_model}",
                         "-p", f"data={data}", "-p", "reward_workers=2", "-p", "rollouts=1"])

@@ -9,7 +9,7 @@ import torch
 
 from klear_lib import models
 from klear_lib.config import RLExperimentConfig, SFTExperimentConfig, checkpointing
-from klear_lib.data import hub, pipeline, selection, tasks, teachers
+from klear_lib.data import hub, pipeline, rows, selection, tasks, teachers
 from klear_lib.train import sft
 
 AIME_PROBLEM = ("Find the number of ordered pairs of positive integers such that the sum of their squares "
@@ -20,18 +20,18 @@ AIME_PROBLEM = ("Find the number of ordered pairs of positive integers such that
 def hub_sources(tmp_path):
     """Two SFT sources in two real schemas and one benchmark file, on disk."""
     openr1 = [
-        hub.openr1_row("What is 1 + 1?", ["<think>1+1=2</think> \\boxed{2}", "<think>1+1=3</think> \\boxed{3}"],
+        rows.openr1_row("What is 1 + 1?", ["<think>1+1=2</think> \\boxed{2}", "<think>1+1=3</think> \\boxed{3}"],
                        [True, False]),
-        hub.openr1_row(AIME_PROBLEM + " exactly?", ["<think>...</think> \\boxed{4}"], [True]),  # contaminated
-        hub.openr1_row("What is 1 + 1?", ["<think>1+1=2</think> \\boxed{2}"], [True]),  # duplicate of row 0
+        rows.openr1_row(AIME_PROBLEM + " exactly?", ["<think>...</think> \\boxed{4}"], [True]),  # contaminated
+        rows.openr1_row("What is 1 + 1?", ["<think>1+1=2</think> \\boxed{2}"], [True]),  # duplicate of row 0
     ]
-    chat = [hub.messages_row("Compute 2 + 2.", "<think>2+2=4</think> \\boxed{4}", layout="conversations",
+    chat = [rows.messages_row("Compute 2 + 2.", "<think>2+2=4</think> \\boxed{4}", layout="conversations",
                              roles=("human", "gpt")),
-            hub.messages_row("What is 1 + 1?", "<think>1+1=2</think> \\boxed{2}", layout="conversations",
+            rows.messages_row("What is 1 + 1?", "<think>1+1=2</think> \\boxed{2}", layout="conversations",
                              roles=("human", "gpt"))]
-    paths = {"openr1": hub.write_jsonl(openr1, tmp_path / "openr1.jsonl"),
-             "chat": hub.write_jsonl(chat, tmp_path / "chat.jsonl"),
-             "aime": hub.write_jsonl([hub.aime_row("2024-I-1", AIME_PROBLEM, "4")], tmp_path / "aime.jsonl")}
+    paths = {"openr1": rows.write_jsonl(openr1, tmp_path / "openr1.jsonl"),
+             "chat": rows.write_jsonl(chat, tmp_path / "chat.jsonl"),
+             "aime": rows.write_jsonl([rows.aime_row("2024-I-1", AIME_PROBLEM, "4")], tmp_path / "aime.jsonl")}
     return paths, tmp_path / "cache"
 
 

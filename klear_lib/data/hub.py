@@ -47,60 +47,41 @@ A Parquet file that is not one (0 bytes, truncated) is named with pyarrow's reas
 to read (a directory's data files, a hub dataset) is named with the file and line, or the rows, where they can be
 found, and otherwise with datasets' underlying error, instead of "An error occurred while generating the dataset".
 
-Writers. ``write_jsonl`` and one row builder per schema (``klear_rl_row``, ``openr1_row``, ``messages_row``,
-``aime_row``, ``hmmt_row``, ``lcb_row``) produce rows in the real schemas, so tests and notebooks write their own small
-fixtures instead of shipping downloaded data. ``sft_sample_to_chat`` turns a sample into the
-prompt/completion conversational format that ``klear_lib.train.sft.run_sft`` trains on.
+Writers of rows in these schemas, for fixtures and notebooks, are in ``klear_lib.data.rows``; a code record's tests
+are checked by ``klear_lib.data.code_tests``; the field checks and ``SchemaError`` are ``klear_lib.data.schema``.
 """
 
 from __future__ import annotations
 
-import base64
 import codecs
 import json
-import pickle
 import re
-import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 from datasets.exceptions import DatasetGenerationError
 
-from klear_lib.rewards import sandbox_json
+from klear_lib.data.code_tests import CODE_TEST_LIMITS, _parse_tests, check_code_tests, is_code_record
+from klear_lib.data.schema import SchemaError, _field, _messages, _show, _typed_list, _wrong
 
 __all__ = [
     "SchemaError", "RLRecord", "SFTSample", "EvalProblem",
     "load_klear_rl", "load_openr1", "load_chat", "load_columns", "SFT_FAMILIES", "load_sft_source",
-    "load_eval_problems", "check_code_tests", "CODE_TEST_LIMITS",
-    "write_jsonl", "klear_rl_row", "openr1_row", "messages_row", "aime_row", "hmmt_row", "lcb_row",
-    "sft_sample_to_chat",
+    "load_eval_problems", "check_code_tests", "CODE_TEST_LIMITS", "is_code_record",
 ]
 
 JSON_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
 
-#: ``data_source`` values whose ground truth is a JSON string of tests, as dispatched by the released reward
-#: code (``verl/utils/reward_score``: ``coder1`` plus the rllm code sources; a ``_longcot`` suffix is
-#: stripped before the lookup). A record whose ``ability`` is in ``CODE_ABILITIES`` counts as code too.
-CODE_DATA_SOURCES = frozenset({
-    "coder1", "apps", "taco", "code_contests", "codeforces", "livecodebench", "kodcode", "leetcode",
-    "primeintellect", "humanevalplus",
-})
-CODE_ABILITIES = frozenset({"code", "coding"})
-
 # Chat layouts: "messages" rows use role/content; "conversations" rows (OpenThoughts) use from/value with
 # ShareGPT role names (OpenThoughts-114k says user/assistant, OpenThoughts3 human/gpt).
 _CONVERSATION_ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant",
                        "system": "system"}
-
-
-class SchemaError(ValueError):
-    """A row (or the whole dataset) does not match the schema its loader expects."""
 
 
 @dataclass(frozen=True)
@@ -354,219 +335,8 @@ def _load(name_or_path: str | Path, *, split: str, config: str | None,
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Validation helpers: every failure names dataset, row, field, expectation and what was found
-# ---------------------------------------------------------------------------------------------------------
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _wrong(ds: str, row: int, field: str, expected: str, value: Any) -> SchemaError:
-    if value is None:
-        return SchemaError(f"{ds} row {row}: field '{field}' is missing or null; expected {expected}")
-    return SchemaError(f"{ds} row {row}: field '{field}' must be {expected}, "
-                       f"got {type(value).__name__} ({_show(value)})")
-
-
-def _is(value: Any, typ: type) -> bool:
-    # bool is an int subclass; a verdict where a count is expected (or the reverse) is a schema error.
-    if typ is int and isinstance(value, bool):
-        return False
-    return isinstance(value, typ)
-
-
-def _field(record: dict, path: str, typ: type | tuple[type, ...], ds: str, row: int) -> Any:
-    """``record[a][b]...`` for ``path == "a.b"``, checked to be an instance of ``typ``."""
-    value: Any = record
-    walked: list[str] = []
-    for key in path.split("."):
-        if walked and not isinstance(value, dict):
-            raise _wrong(ds, row, ".".join(walked), "dict", value)
-        value = value.get(key)
-        walked.append(key)
-    types = typ if isinstance(typ, tuple) else (typ,)
-    if value is None or not any(_is(value, t) for t in types):
-        raise _wrong(ds, row, path, " or ".join(t.__name__ for t in types), value)
-    return value
-
-
-def _typed_list(record: dict, field: str, ds: str, row: int, *, item: type = str) -> list:
-    values = _field(record, field, list, ds, row)
-    for j, v in enumerate(values):
-        if v is None or not _is(v, item):
-            raise _wrong(ds, row, f"{field}[{j}]", item.__name__, v)
-    return values
-
-
-def _messages(record: dict, field: str, ds: str, row: int, *, role_key: str = "role",
-              content_key: str = "content") -> list[dict]:
-    """A non-empty list of messages, each reduced to ``{"role", "content"}`` (both str)."""
-    values = _field(record, field, list, ds, row)
-    if not values:
-        raise SchemaError(f"{ds} row {row}: field '{field}' must be a non-empty list of messages, got []")
-    out = []
-    for j, msg in enumerate(values):
-        if not isinstance(msg, dict):
-            raise _wrong(ds, row, f"{field}[{j}]", "dict", msg)
-        role, content = msg.get(role_key), msg.get(content_key)
-        if not isinstance(role, str):
-            raise _wrong(ds, row, f"{field}[{j}].{role_key}", "str", role)
-        if not isinstance(content, str):
-            raise _wrong(ds, row, f"{field}[{j}].{content_key}", "str", content)
-        out.append({"role": role, "content": content})
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------
 # 1. Klear RL records
 # ---------------------------------------------------------------------------------------------------------
-def is_code_record(data_source: str, ability: str) -> bool:
-    """Whether a Klear RL record is a coding problem (by its data source, else its ability)."""
-    return data_source.removesuffix("_longcot") in CODE_DATA_SOURCES or ability.lower() in CODE_ABILITIES
-
-
-#: What one code record's tests may hold (``check_code_tests``): tests per record, characters of one test's input
-#: (stdin, or the JSON of its arguments) and of its expected output, and of all of a record's tests together. The
-#: sandbox keeps a test's output to 4x the longest expected one, per stream (``rewards.code.output_cap``): a record
-#: at the caps costs a reward worker a few hundred MB at most, where 16 tests of 100 MB made a correct program
-#: score 0 (MemoryError).
-CODE_TEST_LIMITS = {"tests": 4096, "test_chars": 8 << 20, "record_chars": 64 << 20}
-
-
-def check_code_tests(tests: list | dict, ds: str, row: int, *, field: str = "reward_model.ground_truth",
-                     limits: dict | None = None) -> list[dict]:
-    """A code record's tests as ``klear_lib.rewards.code`` runs them: ``{"input": str, "output": str}``
-    (stdin/stdout) or ``{"fn_name": str, "args": list, "expected": JSON value}`` (a function call).
-
-    Layouts accepted, converted to that list:
-      * a list of those tests (extra keys ignored); a call test's ``args`` given as a JSON string of a list is
-        parsed (never split into characters);
-      * a list of LiveCodeBench tests ``{"input", "output", "testtype": "stdin" | "functional"}``, a functional one
-        naming its function in ``fn_name`` or ``metadata.func_name``: arguments one JSON value per input line, the
-        output JSON (as LiveCodeBench's grader reads them);
-      * a dict of parallel lists ``{"inputs": [...], "outputs": [...]}`` (APPS, TACO, the released reward code's
-        layout), with ``fn_name`` for function calls: each input a list of arguments or a str of one JSON value per
-        line, each output the value or its JSON text; stdin outputs given as a list of lines are joined.
-
-    Sizes are checked against ``CODE_TEST_LIMITS`` (``limits`` overrides some). Anything else is a ``SchemaError``
-    naming the dataset, the row, the field and the test."""
-    cap = {**CODE_TEST_LIMITS, **(limits or {})}
-    where = f"{ds} row {row}: field '{field}'"
-    if isinstance(tests, dict):
-        tests = _parallel_tests(tests, where)
-    if not isinstance(tests, list) or not tests:
-        raise SchemaError(f"{where} must hold a non-empty list of tests, got {_show(tests)}")
-    if len(tests) > cap["tests"]:
-        raise SchemaError(f"{where} holds {len(tests)} tests, above the cap of {cap['tests']} (CODE_TEST_LIMITS)")
-    out, total = [], 0
-    for j, test in enumerate(tests):
-        test = _one_test(test, f"{where} test {j}")
-        size = _test_chars(test)
-        if size > cap["test_chars"]:
-            raise SchemaError(f"{where} test {j} holds {size:,} characters of input and expected output, above the "
-                              f"cap of {cap['test_chars']:,} (CODE_TEST_LIMITS)")
-        total += size
-        out.append(test)
-    if total > cap["record_chars"]:
-        raise SchemaError(f"{where}: its tests hold {total:,} characters, above the cap of {cap['record_chars']:,} "
-                          "per record (CODE_TEST_LIMITS)")
-    return out
-
-
-def _parallel_tests(tests: dict, where: str) -> list[dict]:
-    """APPS/TACO ``{"inputs": [...], "outputs": [...], "fn_name"?}`` as a list of single tests."""
-    inputs, outputs, fn = tests.get("inputs"), tests.get("outputs"), tests.get("fn_name")
-    if not isinstance(inputs, list) or not isinstance(outputs, list):
-        raise SchemaError(f"{where} is a dict of tests but not {{'inputs': [...], 'outputs': [...]}}: keys "
-                          f"{sorted(tests)}")
-    if len(inputs) != len(outputs):
-        raise SchemaError(f"{where}: 'inputs' holds {len(inputs)} tests and 'outputs' {len(outputs)}")
-    if fn is None:
-        return [{"input": x, "output": "\n".join(y) if isinstance(y, list) and all(isinstance(s, str) for s in y)
-                 else y} for x, y in zip(inputs, outputs)]
-    out = []
-    for j, (x, y) in enumerate(zip(inputs, outputs)):
-        args = _json_lines(x, f"{where} test {j} input") if isinstance(x, str) else x
-        expected = _json_text(y, f"{where} test {j} output") if isinstance(y, str) else y
-        out.append({"fn_name": fn, "args": args, "expected": expected})
-    return out
-
-
-def _json_lines(text: str, where: str) -> list:
-    try:
-        return [sandbox_json.loads(line) for line in text.split("\n") if line.strip()]
-    except json.JSONDecodeError as err:
-        raise SchemaError(f"{where} must hold one JSON value per line ({err.msg}): {_show(text)}") from None
-
-
-def _json_text(text: str, where: str):
-    try:
-        return sandbox_json.loads(text)
-    except json.JSONDecodeError as err:
-        raise SchemaError(f"{where} must be JSON ({err.msg}): {_show(text)}") from None
-
-
-def _one_test(test: Any, where: str) -> dict:
-    """One test checked and in the reward code's layout (``check_code_tests``)."""
-    if not isinstance(test, dict):
-        raise SchemaError(f"{where} must be an object, got {type(test).__name__} ({_show(test)})")
-    kind = test.get("testtype")
-    if kind == "functional" or (kind is None and "fn_name" in test):
-        fn = test.get("fn_name") or (test.get("metadata") or {}).get("func_name")
-        if not isinstance(fn, str) or not fn.isidentifier():
-            raise SchemaError(f"{where}: a function-call test needs 'fn_name' (an identifier), got {_show(fn)}")
-        if kind == "functional":  # LiveCodeBench: one JSON argument per input line, the output JSON
-            for key in ("input", "output"):
-                if not isinstance(test.get(key), str):
-                    raise SchemaError(f"{where}: field '{key}' of a functional test must be str, got "
-                                      f"{_show(test.get(key))}")
-            return {"fn_name": fn, "args": _json_lines(test["input"], f"{where} input"),
-                    "expected": _json_text(test["output"], f"{where} output")}
-        if "args" not in test or "expected" not in test:
-            raise SchemaError(f"{where}: a function-call test needs 'args' and 'expected', got keys {sorted(test)}")
-        args = test["args"]
-        if isinstance(args, str):  # a JSON list in a string: parsed, never split into characters
-            args = _json_text(args, f"{where} args")
-            if not isinstance(args, list):
-                raise SchemaError(f"{where}: field 'args' given as a string must be a JSON list, got JSON "
-                                  f"{type(args).__name__} ({_show(args)})")
-        if not isinstance(args, list):
-            raise SchemaError(f"{where}: field 'args' must be a list of arguments, got {type(args).__name__} "
-                              f"({_show(args)})")
-        return {"fn_name": fn, "args": args, "expected": test["expected"]}
-    if kind not in (None, "stdin"):
-        raise SchemaError(f"{where}: field 'testtype' must be 'stdin' or 'functional', got {_show(kind)}")
-    if "input" not in test or "output" not in test:
-        raise SchemaError(f"{where} must be {{'input', 'output'}} (stdin/stdout) or {{'fn_name', 'args', "
-                          f"'expected'}} (a function call), got keys {sorted(test)}")
-    for key in ("input", "output"):
-        if not isinstance(test[key], str):
-            raise SchemaError(f"{where}: field '{key}' of a stdin/stdout test must be str, got "
-                              f"{type(test[key]).__name__} ({_show(test[key])})")
-    return {"input": test["input"], "output": test["output"]}
-
-
-def _test_chars(test: dict) -> int:
-    if "input" in test:
-        return len(test["input"]) + len(test["output"])
-    return sandbox_json.json_size(test["args"]) + sandbox_json.json_size(test["expected"])
-
-
-def _parse_tests(text: str, ds: str, row: int) -> list | dict:
-    field = "reward_model.ground_truth"
-    try:
-        tests = sandbox_json.loads(text)  # integers of any size (json.loads raises past 4,300 digits)
-    except json.JSONDecodeError as err:
-        raise SchemaError(f"{ds} row {row}: field '{field}' must be a JSON string of tests (list or dict), "
-                          f"got invalid JSON ({err.msg} at char {err.pos}): {_show(text)}") from None
-    if not isinstance(tests, (list, dict)):
-        raise SchemaError(f"{ds} row {row}: field '{field}' must be a JSON string of tests (list or dict), "
-                          f"got JSON {type(tests).__name__} ({_show(tests)})")
-    if not tests:
-        raise SchemaError(f"{ds} row {row}: field '{field}' holds no tests ({_show(tests)})")
-    return tests
-
-
 def load_klear_rl(name_or_path: str | Path, *, split: str = "train", ability: str | None = None,
                   config: str | None = None, cache_dir: str | Path | None = None) -> list[RLRecord]:
     """Klear RL prompts (``Kwai-Klear/KlearReasoner-MathSub-30K``, ``Kwai-Klear/KlearReasoner-CodeSub-15K``).
@@ -807,112 +577,3 @@ def _gold(row: dict, prefix: str, ds: str, i: int) -> str:
                       "expected the gold answer (str or int) in one of them")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# 4. Writers: rows in the real schemas, for fixtures and notebooks
-# ---------------------------------------------------------------------------------------------------------
-def write_jsonl(rows: list[dict], path: str | Path) -> Path:
-    """Write one JSON object per line (UTF-8, non-ASCII kept), creating parent folders; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    return path
-
-
-def klear_rl_row(prompt: str, ground_truth: str | list | dict, *, data_source: str | None = None,
-                 ability: str | None = None) -> dict:
-    """A Klear RL row. A str ground truth makes a math row (``math_longcot_math_verify``, ability ``math``);
-    a list/dict of tests makes a code row (``coder1_longcot``, ability ``code``) with the tests JSON-encoded,
-    as the released data stores them. ``data_source``/``ability`` override the defaults."""
-    code = not isinstance(ground_truth, str)
-    return {
-        "data_source": data_source or ("coder1_longcot" if code else "math_longcot_math_verify"),
-        "prompt": [{"role": "user", "content": prompt}],
-        "ability": ability or ("code" if code else "math"),
-        "reward_model": {"ground_truth": json.dumps(ground_truth) if code else ground_truth, "style": "rule"},
-    }
-
-
-def openr1_row(problem: str, generations: list[str], correctness_math_verify: list[bool], *,
-               answer: str = "", correctness_llama: list[bool] | None = None, source: str = "olympiads",
-               uuid: str = "") -> dict:
-    """An OpenR1-Math-220k row with all its columns; ``messages`` holds the problem and the first generation
-    judged correct (the first generation if none is), ``finish_reasons``/``is_reasoning_complete`` say
-    every generation stopped normally."""
-    best = next((g for g, ok in zip(generations, correctness_math_verify) if ok), generations[0])
-    return {
-        "problem": problem, "solution": answer, "answer": answer, "problem_type": "Algebra",
-        "question_type": "math-word-problem", "source": source, "uuid": uuid,
-        "is_reasoning_complete": [True] * len(generations), "generations": list(generations),
-        "correctness_math_verify": list(correctness_math_verify), "correctness_llama": correctness_llama,
-        "finish_reasons": ["stop"] * len(generations), "correctness_count": sum(correctness_math_verify),
-        "messages": [{"role": "user", "content": problem}, {"role": "assistant", "content": best}],
-    }
-
-
-def messages_row(prompt: str, response: str, *, system: str | None = None, layout: str = "messages",
-                 roles: tuple[str, str] = ("user", "assistant"), **extra: Any) -> dict:
-    """A chat-layout row: ``layout="messages"`` (role/content, AM-Thinking style; ``system`` becomes a system
-    message) or ``"conversations"`` (from/value with ``roles``, OpenThoughts style; ``system`` becomes the
-    top-level ``system`` column). ``extra`` columns (``difficulty``, ``source``, ...) are added as they are."""
-    if layout == "messages":
-        turns = ([{"role": "system", "content": system}] if system is not None else []) + [
-            {"role": roles[0], "content": prompt}, {"role": roles[1], "content": response}]
-        return {"messages": turns, **extra}
-    if layout == "conversations":
-        turns = [{"from": roles[0], "value": prompt}, {"from": roles[1], "value": response}]
-        return {"system": system or "", "conversations": turns, **extra}
-    raise ValueError(f"layout must be 'messages' or 'conversations', got {layout!r}")
-
-
-def aime_row(unique_id: str, problem: str, answer: str, *, solution: str | None = None,
-             instruction: str = "") -> dict:
-    """An AIME benchmark row: ``meta`` with the problem and answer, ``messages`` with the user prompt
-    (problem plus ``instruction``). ``solution`` defaults to the answer (the released judge reads
-    ``meta.solution`` as the gold answer)."""
-    return {
-        "meta": {"unique_id": unique_id, "problem": problem,
-                 "solution": answer if solution is None else solution, "answer": answer},
-        "messages": [{"role": "user", "content": problem + instruction}],
-    }
-
-
-def hmmt_row(id: int | str, problem: str, answer: str, *, solution: str | None = None,
-             instruction: str = "") -> dict:
-    """An HMMT benchmark row: top-level ``id``, ``messages`` (the user prompt: problem plus ``instruction``),
-    ``solution`` (defaults to the answer) and ``answer``; no ``meta``."""
-    return {"id": id, "messages": [{"role": "user", "content": problem + instruction}],
-            "solution": answer if solution is None else solution, "answer": answer}
-
-
-def lcb_row(question_id: str, question_content: str, contest_date: str, tests: list[dict], *,
-            n_public: int = 1, starter_code: str = "", func_name: str | None = None, platform: str = "atcoder",
-            difficulty: str = "easy", title: str = "", contest_id: str = "", compress_private: bool = False) -> dict:
-    """A LiveCodeBench ``code_generation_lite`` row (the columns of its ``test*.jsonl`` files).
-
-    ``tests`` are LiveCodeBench tests ``{"input", "output", "testtype": "stdin" | "functional"}``; the first
-    ``n_public`` go to ``public_test_cases``, the rest to ``private_test_cases``, each a JSON string. With
-    ``compress_private`` the private tests are stored as the hub files store them: base64 of zlib-compressed
-    pickle of that JSON string. ``func_name`` goes into ``metadata`` (a JSON string), as for LeetCode rows.
-    """
-    private = json.dumps(tests[n_public:])
-    if compress_private:
-        private = base64.b64encode(zlib.compress(pickle.dumps(private))).decode("ascii")
-    return {
-        "question_title": title or question_id, "question_content": question_content, "platform": platform,
-        "question_id": question_id, "contest_id": contest_id or question_id, "contest_date": contest_date,
-        "starter_code": starter_code, "difficulty": difficulty, "public_test_cases": json.dumps(tests[:n_public]),
-        "private_test_cases": private, "metadata": json.dumps({"func_name": func_name} if func_name else {}),
-    }
-
-
-def sft_sample_to_chat(sample: SFTSample | dict) -> dict:
-    """The prompt/completion conversational row ``klear_lib.train.sft.run_sft`` takes (loss on the completion).
-
-    ``sample`` is an ``SFTSample`` or a dict with its fields (``prompt`` and ``response`` are the ones used), as
-    the selection functions and the synthetic sources of ``klear_lib.data.teachers`` pass them around."""
-    prompt, response = (sample["prompt"], sample["response"]) if isinstance(sample, dict) else (
-        sample.prompt, sample.response)
-    return {"prompt": [{"role": "user", "content": prompt}],
-            "completion": [{"role": "assistant", "content": response}]}

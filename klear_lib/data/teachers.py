@@ -31,7 +31,7 @@ share of responses calibrated per level (``near_miss_matching``: the accuracy of
 
 Every sample is a dict with the fields of ``klear_lib.data.hub.SFTSample`` (prompt, response, source, verdict,
 difficulty) plus the problem's level and answer, so the selection functions of ``klear_lib.data.selection`` apply
-unchanged and ``hub.sft_sample_to_chat`` turns it into a chat row for SFT.
+unchanged and ``rows.sft_sample_to_chat`` turns it into a chat row for SFT.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ from typing import Any
 
 import numpy as np
 
-from klear_lib.data import hub, tasks
+from klear_lib.data import hub, schema, tasks
 from klear_lib.evaluation.metrics import math_maj_at_k, math_majority
 from klear_lib.rewards import sandbox_json
 from klear_lib.rewards.code import CodeRewardOptions, extract_code, score_code
@@ -200,9 +200,9 @@ def _load_math(name: str, path: str | Path | None, *, source: str | None = None,
                          cache_dir=cache_dir)
     problems = []
     for i, row in enumerate(data):
-        uid = hub._field(row, id_col, (str, int), ds, i)
-        problem = hub._field(row, problem_col, str, ds, i)
-        answer = hub._field(row, answer_col, (str, int), ds, i)
+        uid = schema._field(row, id_col, (str, int), ds, i)
+        problem = schema._field(row, problem_col, str, ds, i)
+        answer = schema._field(row, answer_col, (str, int), ds, i)
         problems.append(BenchProblem(str(uid), _math_messages(problem), "math", answer=str(answer).strip()))
     return problems, src
 
@@ -228,10 +228,10 @@ def _parse_date(value: Any, ds: str, row: int) -> datetime:
         try:
             parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
         except ValueError:
-            raise hub.SchemaError(f"{ds} row {row}: field 'contest_date' must be an ISO date or date-time, "
+            raise schema.SchemaError(f"{ds} row {row}: field 'contest_date' must be an ISO date or date-time, "
                                   f"got {value!r}") from None
     else:
-        raise hub._wrong(ds, row, "contest_date", "ISO date str or datetime", value)
+        raise schema._wrong(ds, row, "contest_date", "ISO date str or datetime", value)
     if parsed.tzinfo is not None:
         parsed = parsed.astimezone(timezone.utc).replace(tzinfo=None)
     return parsed
@@ -241,12 +241,12 @@ def _json_field(row: dict, key: str, ds: str, row_i: int) -> Any:
     """A JSON-string column, decoded; a list or dict in its place (a copy of the data that decoded it) as it is."""
     if isinstance(row.get(key), (list, dict)):
         return row[key]
-    text = hub._field(row, key, str, ds, row_i)
+    text = schema._field(row, key, str, ds, row_i)
     try:
         return sandbox_json.loads(text)  # integers of any size (json.loads raises past 4,300 digits)
     except json.JSONDecodeError as err:
-        raise hub.SchemaError(f"{ds} row {row_i}: field '{key}' must be a JSON string, got invalid JSON "
-                              f"({err.msg} at char {err.pos}): {hub._show(text)}") from None
+        raise schema.SchemaError(f"{ds} row {row_i}: field '{key}' must be a JSON string, got invalid JSON "
+                              f"({err.msg} at char {err.pos}): {schema._show(text)}") from None
 
 
 def _private_tests(text: str, ds: str, row: int) -> Any:
@@ -259,40 +259,40 @@ def _private_tests(text: str, ds: str, row: int) -> Any:
     try:
         raw = zlib.decompress(base64.b64decode(text.encode("ascii"), validate=True))
     except (binascii.Error, zlib.error, UnicodeEncodeError, ValueError) as err:
-        raise hub.SchemaError(f"{where} is neither JSON nor base64(zlib(pickle)): {err}") from None
+        raise schema.SchemaError(f"{where} is neither JSON nor base64(zlib(pickle)): {err}") from None
     try:
         payload = _NoGlobalsUnpickler(io.BytesIO(raw)).load()
     except Exception as err:  # noqa: BLE001 - any failure of untrusted bytes is a data error
-        raise hub.SchemaError(f"{where}: refused to unpickle ({type(err).__name__}: {err})") from None
+        raise schema.SchemaError(f"{where}: refused to unpickle ({type(err).__name__}: {err})") from None
     if isinstance(payload, bytes):
         payload = payload.decode("utf-8", errors="replace")
     if not isinstance(payload, str):
-        raise hub.SchemaError(f"{where}: the pickle must hold a JSON string, got {type(payload).__name__}")
+        raise schema.SchemaError(f"{where}: the pickle must hold a JSON string, got {type(payload).__name__}")
     try:
         return json.loads(payload)
     except json.JSONDecodeError as err:
-        raise hub.SchemaError(f"{where}: the unpickled string is not JSON ({err.msg})") from None
+        raise schema.SchemaError(f"{where}: the unpickled string is not JSON ({err.msg})") from None
 
 
 def _convert_test(test: Any, func_name: str | None, ds: str, row: int, where: str) -> dict:
     if not isinstance(test, dict) or not isinstance(test.get("input"), str) or not isinstance(test.get("output"), str):
-        raise hub.SchemaError(f"{ds} row {row}: field '{where}' must be {{'input': str, 'output': str, "
-                              f"'testtype': ...}}, got {hub._show(test)}")
+        raise schema.SchemaError(f"{ds} row {row}: field '{where}' must be {{'input': str, 'output': str, "
+                              f"'testtype': ...}}, got {schema._show(test)}")
     kind = test.get("testtype")
     if kind == "stdin":
         return {"input": test["input"], "output": test["output"]}
     if kind == "functional":
         if not func_name:
-            raise hub.SchemaError(f"{ds} row {row}: field 'metadata.func_name' is missing; a functional test "
+            raise schema.SchemaError(f"{ds} row {row}: field 'metadata.func_name' is missing; a functional test "
                                   f"({where}) needs the method name")
         try:
             args = [json.loads(line) for line in test["input"].split("\n") if line.strip()]
             expected = json.loads(test["output"])
         except json.JSONDecodeError as err:
-            raise hub.SchemaError(f"{ds} row {row}: field '{where}' of a functional test must hold one JSON value "
+            raise schema.SchemaError(f"{ds} row {row}: field '{where}' of a functional test must hold one JSON value "
                                   f"per input line and a JSON output ({err.msg})") from None
         return {"fn_name": func_name, "args": args, "expected": expected}
-    raise hub.SchemaError(f"{ds} row {row}: field '{where}.testtype' must be 'stdin' or 'functional', got {kind!r}")
+    raise schema.SchemaError(f"{ds} row {row}: field '{where}.testtype' must be 'stdin' or 'functional', got {kind!r}")
 
 
 def decode_lcb_tests(row: dict, ds: str = "row", row_index: int = 0) -> list[dict]:
@@ -308,19 +308,19 @@ def decode_lcb_tests(row: dict, ds: str = "row", row_index: int = 0) -> list[dic
     else:
         metadata = _json_field(row, "metadata", ds, row_index)
     if not isinstance(metadata, dict):
-        raise hub._wrong(ds, row_index, "metadata", "a JSON object", metadata)
+        raise schema._wrong(ds, row_index, "metadata", "a JSON object", metadata)
     func_name = metadata.get("func_name")
     tests = []
     private = row.get("private_test_cases")
     private = private if isinstance(private, list) else _private_tests(
-        hub._field(row, "private_test_cases", str, ds, row_index), ds, row_index)
+        schema._field(row, "private_test_cases", str, ds, row_index), ds, row_index)
     for key, raw in (("public_test_cases", _json_field(row, "public_test_cases", ds, row_index)),
                      ("private_test_cases", private)):
         if not isinstance(raw, list):
-            raise hub._wrong(ds, row_index, key, "a JSON list of tests", raw)
+            raise schema._wrong(ds, row_index, key, "a JSON list of tests", raw)
         tests += [_convert_test(t, func_name, ds, row_index, f"{key}[{j}]") for j, t in enumerate(raw)]
     if not tests:
-        raise hub.SchemaError(f"{ds} row {row_index}: no tests in public_test_cases or private_test_cases")
+        raise schema.SchemaError(f"{ds} row {row_index}: no tests in public_test_cases or private_test_cases")
     return tests
 
 
@@ -362,8 +362,8 @@ def _load_lcb(name: str, path: str | Path | None, *, source: str | None = None,
         when = _parse_date(row.get("contest_date"), label, i)
         if not start <= when < end:
             continue
-        qid = hub._field(row, "question_id", (str, int), label, i)
-        question = hub._field(row, "question_content", str, label, i)
+        qid = schema._field(row, "question_id", (str, int), label, i)
+        question = schema._field(row, "question_content", str, label, i)
         starter = row.get("starter_code") or ""
         meta = {"contest_date": when.date().isoformat(), "difficulty": row.get("difficulty"),
                 "platform": row.get("platform"), "title": row.get("question_title")}

@@ -73,7 +73,7 @@ def close_pool() -> None:
 
 
 def _score(data_source, solution_str, ground_truth, extra_info) -> float:
-    from klear_lib.data.hub import is_code_record  # here, not at the top: the loss module imports FULL_SCORE
+    from klear_lib.data.code_tests import is_code_record  # here, not at the top: the loss module imports FULL_SCORE
 
     ability = (extra_info or {}).get("ability", "") if isinstance(extra_info, dict) else ""
     if is_code_record(str(data_source), str(ability)):

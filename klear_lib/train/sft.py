@@ -199,7 +199,7 @@ def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: 
 def chat_rows(samples: list) -> list[dict]:
     """Chat rows for ``run_sft`` from samples that are chat rows already, ``SFTSample``s, or dicts with
     ``prompt``/``response`` (the synthetic sources' and the selection functions' samples)."""
-    from klear_lib.data.hub import sft_sample_to_chat
+    from klear_lib.data.rows import sft_sample_to_chat
 
     return [s if isinstance(s, dict) and "completion" in s else sft_sample_to_chat(s) for s in samples]
 
