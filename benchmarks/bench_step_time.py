@@ -25,7 +25,8 @@ from klear_lib.data import tasks
 from klear_lib.losses import PolicyLossConfig
 from klear_lib.notebook import quiet
 from klear_lib.recipe import KlearLossConfig
-from klear_lib.train.rl import KlearGRPOTrainer, correctness_reward
+from klear_lib.train.rl import KlearGRPOTrainer
+from klear_lib.train.rl_run import correctness_reward
 
 
 def build(trainer_cls, model, tok, ds, batch, **extra):

@@ -75,7 +75,7 @@ GLOSSARY.update({
                           "(low [0, 0.1), mid [0.1, 1), high [1, ∞) nats)"),
     "erc/masked_frac_*": ("ERC-stopped share of a bucket", "share of the bucket's tokens with ρ ≤ erc_low or "
                           "ρ ≥ erc_high (0 when ERC is off)"),
-    # -- one record per rollout boundary (klear_lib.train.rl.RolloutRecorder) ------------------------------------
+    # -- one record per rollout boundary (klear_lib.train.rl_run.RolloutRecorder) --------------------------------
     "final": ("last rollout", "true on the record after the last rollout of the run"),
     "klear/generated_groups": ("groups generated", "prompts sampled in the rollout (oversample_factor × "
                                "rollout_prompts per generation batch), each with num_generations completions"),

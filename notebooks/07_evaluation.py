@@ -158,7 +158,7 @@ display(pd.DataFrame([{"benchmark": b.name, "kind": b.kind, "problems": len(b.pr
 
 # %%
 if train_tiny:
-    from klear_lib.train.rl import run_rl
+    from klear_lib.train.rl_run import run_rl
     from klear_lib.train.sft import arithmetic_warm_start
 
     clock = time.perf_counter()

@@ -216,7 +216,7 @@ def fsdp2_worker(out: Path, rank: int) -> None:
     trainer FSDP cannot run here: accelerate 1.15 falls back to DDP on a CPU.)"""
     from torch.distributed.fsdp import fully_shard
 
-    from klear_lib.train.rl import klear_token_stats
+    from klear_lib.train.token_stats import klear_token_stats
 
     if not torch.distributed.is_initialized():  # the DDP kinds before it initialized it through accelerate
         torch.distributed.init_process_group("gloo")
@@ -240,7 +240,7 @@ def test_fsdp2_klear_backend_equals_one_process(ddp_runs):
     """Under FSDP2 the klear backend sees the gathered weights and its gradients reach the sharded parameters: each
     rank's log-probs and entropies, and the gradient FSDP averages over the ranks, equal one unsharded process on
     the whole batch (the old backend failed here: the backbone ran on sharded weights)."""
-    from klear_lib.train.rl import klear_token_stats
+    from klear_lib.train.token_stats import klear_token_stats
 
     model, _, _ = tiny_model_and_tokenizer()
     ids, mask = fsdp_batch()

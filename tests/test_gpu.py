@@ -10,7 +10,7 @@ import torch
 from klear_lib import models, runs
 from klear_lib.config import RLExperimentConfig
 from klear_lib.data import tasks
-from klear_lib.train.rl import run_rl
+from klear_lib.train.rl_run import run_rl
 
 pytestmark = pytest.mark.gpu
 
@@ -55,7 +55,7 @@ def test_klear_backend_equals_trls_fused_head_under_bf16_autocast(tiny_saved):
     entropies agree to 1e-3 and the parameter gradients to 2% of their norm."""
     from trl.trainer.utils import add_fused_lm_head
 
-    from klear_lib.train.rl import klear_token_stats
+    from klear_lib.train.token_stats import klear_token_stats
 
     path, _, _ = tiny_saved
     model, _ = models.load_model_and_tokenizer(path)

@@ -22,9 +22,9 @@ from klear_lib.train.rl import (
     DataError,
     KlearGRPOTrainer,
     NoUpdatesError,
-    correctness_reward,
     klear_from_trl,
 )
+from klear_lib.train.rl_run import correctness_reward
 
 TEMPERATURE = 0.9  # not 1, so that a missing temperature scaling would show
 
@@ -258,7 +258,7 @@ def test_klear_logprob_backend_equals_trls_fused_head(tiny, tmp_path):
     (1e-5) and the same parameter gradients (1e-4), padding included."""
     from trl import GRPOTrainer
 
-    from klear_lib.train.rl import klear_token_stats
+    from klear_lib.train.token_stats import klear_token_stats
 
     trainer = make_trainer(tiny, tmp_path, klear=KlearLossConfig(loss_name="gppo"), steps=2)
     model = trainer.model
@@ -289,7 +289,7 @@ def test_klear_logprob_backend_equals_trls_fused_head(tiny, tmp_path):
 
 
 def test_klear_backend_refuses_scaled_logits(tiny, tmp_path):
-    from klear_lib.train.rl import klear_token_stats
+    from klear_lib.train.token_stats import klear_token_stats
 
     trainer = make_trainer(tiny, tmp_path, klear=KlearLossConfig(loss_name="gppo"), steps=2)
     trainer.model.config.final_logit_softcapping = 30.0
@@ -306,7 +306,7 @@ def test_klear_backend_calls_the_wrapped_model_peft_lora_included(tiny):
     backbone: AttributeError)."""
     from peft import LoraConfig, get_peft_model
 
-    from klear_lib.train.rl import klear_token_stats
+    from klear_lib.train.token_stats import klear_token_stats
 
     train, tok, spec = tiny
     torch.manual_seed(0)
@@ -344,7 +344,7 @@ def test_klear_backend_refuses_a_forward_that_bypasses_the_head_module(tiny):
     what the head returned (as a patched forward might), is refused: its output is never read as log-probs."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
-    from klear_lib.train.rl import klear_token_stats
+    from klear_lib.train.token_stats import klear_token_stats
 
     _, tok, spec = tiny
     model = models.build_tiny_model(tok, spec, seed=0)
@@ -479,7 +479,7 @@ def test_rollout_recorder_evaluates_at_its_boundaries_and_skips_the_start_when_t
     import types
 
     from klear_lib import runs
-    from klear_lib.train.rl import RolloutRecorder
+    from klear_lib.train.rl_run import RolloutRecorder
 
     handler = types.SimpleNamespace(on_log=lambda *a, **k: None)
     trainer = types.SimpleNamespace(model=None, control=types.SimpleNamespace(should_log=False),

@@ -15,7 +15,7 @@ from klear_lib.config import RLExperimentConfig
 from klear_lib.data import tasks
 from klear_lib.experiment import UnitTracking
 from klear_lib.train import tracking
-from klear_lib.train.rl import run_rl
+from klear_lib.train.rl_run import run_rl
 
 pytest.importorskip("tensorboard")
 

@@ -111,7 +111,7 @@ def code_unit(*, config: dict, start: str, reward_mode: str, branches: int, rewa
     from klear_lib.evaluation.code_heldout import evaluate_code_heldout
     from klear_lib.rewards.code import failure_score, score_code
     from klear_lib.rewards.pool import MemoPool, RewardPool, make_trl_reward_func
-    from klear_lib.train.rl import run_rl
+    from klear_lib.train.rl_run import run_rl
 
     cfg = RLExperimentConfig.from_params(config)
     train, heldout = tasks.make_branch_code_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, branches)

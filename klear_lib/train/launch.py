@@ -120,7 +120,7 @@ def _klear_rows(launch: LaunchConfig):
 def launch(cfg: RLExperimentConfig, launch_cfg: LaunchConfig, out: str | os.PathLike) -> Path:
     """Run RL as configured into the run directory ``out``; returns it."""
     from klear_lib.data import tasks
-    from klear_lib.train.rl import run_rl
+    from klear_lib.train.rl_run import run_rl
 
     if not cfg.model:
         raise ValueError("model: set it to the SFT checkpoint RL starts from (a folder or hub name), e.g. "

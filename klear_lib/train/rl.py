@@ -41,140 +41,36 @@ generates the rollout it was in again).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import math
 import os
 import random
-import tempfile
-import time
 import warnings
 from collections.abc import Callable
-from functools import partial
 
 import torch
 import trl
-from datasets import Dataset
-from transformers import PrinterCallback, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
+from transformers import TrainerCallback
+from trl import GRPOTrainer
 
 from klear_lib.advantages import grpo_advantages, zero_advantage_group_mask
-from klear_lib.config import checkpointing
-from klear_lib.data.tasks import exact_answer_reward, fork_token_mask, parse_fork_facts, prompt_messages
-from klear_lib.evaluation.heldout import arithmetic_probes, evaluate_heldout
-from klear_lib.logprobs import IGNORE_INDEX, token_logprobs_and_entropy
 from klear_lib.losses import (
     ENTROPY_BUCKETS,
-    POLICY_LOSSES,
     PolicyLossConfig,
     compute_policy_loss,
     entropy_diagnostics,
     positive_sample_loss,
 )
 from klear_lib.recipe import KlearLossConfig
-from klear_lib.train.tracking import add_hparams, tracking_env
-from klear_lib.train.tracking import names as tracker_names
+from klear_lib.train.token_stats import klear_token_stats
+from klear_lib.train.trl_config import klear_from_trl, reward_total_range
 
 TRL_VERSION = "1.16.0"  # the TRL release whose internals this trainer overrides
 
 # KlearLossConfig and PolicyLossConfig are re-exported: a TRL user's script imports the trainer and its config from
 # one place (README, "GPPO+ERC in your own trainer").
 __all__ = ["KlearGRPOTrainer", "KlearLossConfig", "PolicyLossConfig", "NoUpdatesError", "DataError", "DATA_ERROR",
-           "klear_from_trl", "reward_total_range", "correctness_reward", "run_rl", "TRL_VERSION"]
-
-
-def causal_lm(model):
-    """The transformers ``PreTrainedModel`` inside ``model``'s wrappers: DDP and DeepSpeed (``.module``), PEFT
-    (``get_base_model()``). The wrappers themselves are what gets called; this is for reading the config and the
-    LM head."""
-    from transformers import PreTrainedModel
-
-    m = model
-    for _ in range(8):
-        if isinstance(m, PreTrainedModel):
-            return m
-        if callable(getattr(m, "get_base_model", None)):  # PEFT
-            m = m.get_base_model()
-        elif isinstance(getattr(m, "module", None), torch.nn.Module):  # DDP, DeepSpeedEngine, FSDP1
-            m = m.module
-        else:
-            break
-    raise TypeError(f"logprob_backend='klear': found no transformers model inside {type(model).__name__}; use "
-                    "logprob_backend='trl'")
-
-
-@contextlib.contextmanager
-def _head_returns_token_stats(head, labels, logits_to_keep: int, temperature: float, calls: list):
-    """For the duration of the block, ``head(hidden)`` (the LM head module, called by the CausalLM's own forward)
-    returns ``stack([log p(label), entropy], -1)`` (b, logits_to_keep, 2) from ``klear_lib.logprobs`` instead of
-    logits. The head module is kept, only its ``forward`` is swapped: the hooks that DDP, DeepSpeed ZeRO-3 and FSDP
-    put on the wrapped model and on the head (gather before the call, reduce after backward) still run."""
-
-    def forward(hidden):  # (b, T, H): every position, since the CausalLM is called with logits_to_keep=0
-        # the hidden state at position t predicts token t + 1: keep the logits_to_keep positions before each
-        # scored token
-        h = hidden[:, -logits_to_keep - 1:-1]
-        weight = head.weight
-        if type(weight).__name__ == "DTensor":  # an FSDP2 head wrapped on its own and resharded: gather it
-            weight = weight.full_tensor()
-        with torch.autocast(h.device.type, enabled=False):  # the chunked head computes in fp32 itself
-            logps, ent = token_logprobs_and_entropy(h, weight, labels, temperature=temperature)
-        stats = torch.stack([logps, ent], dim=-1)
-        calls.append(stats.detach())  # to check that the CausalLM hands back exactly this
-        return stats
-
-    saved = head.__dict__.get("forward")
-    head.forward = forward
-    try:
-        yield
-    finally:
-        if saved is None:
-            del head.forward
-        else:
-            head.forward = saved
-
-
-def klear_token_stats(model, input_ids, attention_mask, logits_to_keep, *, temperature=1.0, batch_size=None,
-                      autocast=contextlib.nullcontext):
-    """Per-token log-probs and entropies of the last ``logits_to_keep`` tokens, as TRL's pass returns them
-    ``(logps, entropies, None)``, each (B, logits_to_keep), from the last hidden states and the LM-head weight
-    through ``klear_lib.logprobs.token_logprobs_and_entropy`` (chunked; no (B, T, V) logits, in forward or
-    backward). Positions with ``attention_mask == 0`` get 0.
-
-    ``model`` is called as it is, wrappers included (DDP, DeepSpeed, FSDP, PEFT): the chunked head runs inside the
-    LM head module's call during the CausalLM's forward (``_head_returns_token_stats``), so a data-parallel wrapper
-    prepares its gradient reduction and a sharded one gathers every parameter, the head's included. Models whose
-    logits are scaled or soft-capped after the LM head, or whose head has a bias, are refused (their logits are not
-    ``hidden @ W.T``)."""
-    inner = causal_lm(model)
-    cfg = inner.config.get_text_config() if hasattr(inner.config, "get_text_config") else inner.config
-    for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier",
-                 "lm_head_multiplier"):
-        if getattr(cfg, attr, None) not in (None, 1, 1.0):
-            raise ValueError(f"logprob_backend='klear' needs logits = hidden @ W.T; {type(inner).__name__} sets "
-                             f"{attr}={getattr(cfg, attr)!r}: use logprob_backend='trl'")
-    head = inner.get_output_embeddings()
-    if getattr(head, "bias", None) is not None:
-        raise ValueError("logprob_backend='klear' needs an LM head without bias: use logprob_backend='trl'")
-    batch_size = batch_size or input_ids.size(0)
-    all_logps, all_ent = [], []
-    for start in range(0, input_ids.size(0), batch_size):
-        ids, mask = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
-        labels = ids[:, -logits_to_keep:].masked_fill(mask[:, -logits_to_keep:] == 0, IGNORE_INDEX)
-        calls = []
-        with _head_returns_token_stats(head, labels, logits_to_keep, temperature, calls), autocast():
-            stats = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (b, logits_to_keep, 2)
-        if len(calls) != 1 or stats is None or not torch.equal(stats.detach(), calls[0]):
-            # a forward that computes its logits without calling the head module, or that changes what the head
-            # returned (a cast to bf16, a scale: a patched forward such as unsloth's can), would hand back something
-            # else than these statistics: never read that as log-probs
-            raise RuntimeError(f"logprob_backend='klear': {type(inner).__name__}'s forward called its LM head module "
-                               f"{len(calls)} time(s) and must return what it returned unchanged; use "
-                               "logprob_backend='trl'")
-        all_logps.append(stats[..., 0])
-        all_ent.append(stats[..., 1])
-    return torch.cat(all_logps), torch.cat(all_ent), None
+           "klear_from_trl", "reward_total_range", "TRL_VERSION"]
 
 
 class _NoUpdatesLeft(Exception):
@@ -193,98 +89,6 @@ class DataError(ValueError):
 class NoUpdatesError(RuntimeError):
     """A run that made no optimizer step: every group of every rollout was filtered (the message says why and what
     to set). The model is unchanged."""
-
-
-# TRL's GRPO loss types that klear's registry reproduces: (KlearLossConfig.loss_name, loss_agg_mode). TRL's default,
-# "dapo" (PPO-clip, token-mean), stands for "not set": the KlearLossConfig default (GPPO, token-mean) applies.
-TRL_LOSS_TYPES = {
-    "cispo": ("cispo", "token-mean"),
-    "grpo": ("ppo_clip", "seq-mean-token-mean"),
-    "bnpo": ("ppo_clip", "token-mean"),
-    "dr_grpo": ("ppo_clip", "seq-mean-token-sum-norm"),
-}
-# GRPOConfig fields klear has no counterpart for: (TRL's value that means "off", what to do instead)
-TRL_UNSUPPORTED = {
-    "delta": (None, "klear's dual-clip is KlearLossConfig.policy_loss.clip_ratio_c"),
-    "top_entropy_quantile": (1.0, "klear's entropy-based token selection is ERC: KlearLossConfig.policy_loss"
-                                  ".erc_low/erc_high"),
-    "scale_rewards": ("group", "klear normalises advantages per group itself: KlearLossConfig.adv_std ('unbiased', "
-                               "'population' or 'none')"),
-    "off_policy_mask_threshold": (None, "klear has no off-policy sequence mask; leave it unset"),
-}
-
-
-def _trl_default(name: str):
-    return {f.name: f.default for f in dataclasses.fields(GRPOConfig)}[name]
-
-
-def klear_from_trl(args: GRPOConfig, klear: KlearLossConfig | None) -> KlearLossConfig:
-    """The ``KlearLossConfig`` a run uses, given TRL's loss settings in ``args``, so that none is silently ignored.
-
-    Without ``klear``: TRL's ``loss_type`` (``TRL_LOSS_TYPES``), ``epsilon``/``epsilon_high`` (the clip range, as
-    TRL reads them: ``epsilon_high`` defaults to ``epsilon``) and ``importance_sampling_level="sequence"`` (``gspo``)
-    are honoured on top of the ``KlearLossConfig`` defaults. With ``klear``: each TRL setting away from TRL's
-    default must agree with it, else a ValueError names the klear field to set. ``beta`` > 0, loss types without a
-    klear counterpart and ``TRL_UNSUPPORTED`` are refused either way."""
-    if args.beta != 0.0:
-        raise ValueError(f"GRPOConfig.beta={args.beta}: Klear's recipe has no KL term and KlearLossConfig none to "
-                         "set; set GRPOConfig.beta=0.0")
-    for name, (off, instead) in TRL_UNSUPPORTED.items():
-        if hasattr(args, name) and getattr(args, name) != off:
-            raise ValueError(f"GRPOConfig.{name}={getattr(args, name)!r} is not read by KlearGRPOTrainer: {instead}; "
-                             f"leave GRPOConfig.{name} at {off!r}")
-    want: dict[str, object] = {}  # KlearLossConfig field (dotted for policy_loss) -> what TRL's settings ask for
-    default_loss = _trl_default("loss_type")
-    if args.loss_type != default_loss:
-        if args.loss_type not in TRL_LOSS_TYPES:
-            raise ValueError(f"GRPOConfig.loss_type={args.loss_type!r} has no counterpart in klear's registry: set "
-                             f"KlearLossConfig.loss_name (one of {sorted(POLICY_LOSSES)}) and loss_agg_mode, and "
-                             f"leave loss_type at {default_loss!r}; TRL loss types klear reproduces: "
-                             f"{sorted(TRL_LOSS_TYPES)}")
-        want["loss_name"], want["loss_agg_mode"] = TRL_LOSS_TYPES[args.loss_type]
-        if args.loss_type == "dr_grpo":
-            want["policy_loss.loss_scale_factor"] = float(args.max_completion_length)
-    if args.importance_sampling_level != "token":
-        if args.importance_sampling_level != "sequence" or want.get("loss_name", "ppo_clip") != "ppo_clip":
-            raise ValueError(f"GRPOConfig.importance_sampling_level={args.importance_sampling_level!r} with "
-                             f"loss_type={args.loss_type!r}: set KlearLossConfig.loss_name='gspo' (GSPO's sequence "
-                             "ratio) and leave importance_sampling_level at 'token'")
-        want["loss_name"] = "gspo"
-    if args.epsilon != _trl_default("epsilon"):
-        want["policy_loss.clip_ratio_low"] = args.epsilon
-        want["policy_loss.clip_ratio_high"] = args.epsilon  # TRL: epsilon_high defaults to epsilon
-    if args.epsilon_high is not None:
-        want["policy_loss.clip_ratio_high"] = args.epsilon_high
-    trl_name = {"loss_name": "loss_type", "loss_agg_mode": "loss_type", "policy_loss.loss_scale_factor": "loss_type",
-                "policy_loss.clip_ratio_low": "epsilon", "policy_loss.clip_ratio_high": "epsilon_high"}
-    if klear is None:
-        top = {k: v for k, v in want.items() if "." not in k}
-        policy = {k.split(".", 1)[1]: v for k, v in want.items() if "." in k}
-        return KlearLossConfig(**top, policy_loss=dataclasses.replace(PolicyLossConfig(), **policy))
-    for key, value in want.items():
-        obj = klear.policy_loss if key.startswith("policy_loss.") else klear
-        have = getattr(obj, key.split(".")[-1])
-        if have != value:
-            src = "importance_sampling_level" if value == "gspo" else trl_name[key]
-            if key == "policy_loss.clip_ratio_high" and args.epsilon_high is None:
-                src = "epsilon"
-            raise ValueError(f"GRPOConfig.{src}={getattr(args, src)!r} asks for KlearLossConfig.{key}={value!r}, "
-                             f"but the klear= config given has {have!r}: set KlearLossConfig.{key}, and leave "
-                             f"GRPOConfig.{src} at TRL's default (or drop klear= to take TRL's settings)")
-    return klear
-
-
-def reward_total_range(funcs, weights) -> tuple[float, float] | None:
-    """The range of the weighted sum of the reward functions, from each one's declared ``reward_range`` (lo, hi);
-    None when one of them declares none (a reward model, a function without the attribute)."""
-    lo = hi = 0.0
-    for fn, w in zip(funcs, weights):
-        rng = getattr(fn, "reward_range", None)
-        if rng is None:
-            return None
-        a, b = float(w) * float(rng[0]), float(w) * float(rng[1])
-        lo, hi = lo + min(a, b), hi + max(a, b)
-    return lo, hi
 
 
 ROLLOUT_STATE_FILE = "klear_rollouts.json"  # saved beside each checkpoint: rollouts done, the prompt sampler
@@ -850,210 +654,3 @@ def _jsonable_rng(state) -> list:
 def _rng_state(obj: list):
     version, internal, gauss = obj
     return version, tuple(internal), gauss
-
-
-class Stopwatch:
-    """Wall-clock seconds since construction (for progress lines)."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-
-    def __call__(self) -> float:
-        return time.perf_counter() - self.start
-
-
-# -- one RL run end to end ------------------------------------------------------------------------------------
-class MetricsCallback(TrainerCallback):
-    """Writes every log line of the trainer (one per optimizer step) to the run's ``metrics.jsonl``.
-
-    Each record carries ``step`` (optimizer step), ``rollout`` (the rollout whose mini-batch it trained on, from
-    1) and the metrics TRL averaged over the step (``actor/*`` from klear_lib.losses, ``entropy``,
-    ``grad_norm``, ``klear/informative_completions`` ...). Rollout-level metrics are in the rollout records.
-    """
-
-    def __init__(self, writer, tags: dict):
-        self.writer, self.tags = writer, tags
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "train_runtime" not in logs and "klear/rollout" in logs:  # a training step's line
-            logs = dict(logs)
-            rollout = int(round(logs.pop("klear/rollout")))
-            self.writer.write({**self.tags, "step": state.global_step, "rollout": rollout, **logs})
-
-
-class RolloutRecorder:
-    """The ``on_rollout`` callback of ``run_rl``: one record per rollout boundary in ``metrics.jsonl`` with the
-    rollout's ``klear/*`` counts and generation metrics, the fork probe (``klear/p_correct_fork``) when the task
-    has fork facts, and the held-out evaluation (``eval/*``) every ``eval_every`` rollouts, before RL (unless
-    ``eval_start`` is False) and at the end. ``history`` keeps the records that hold an evaluation."""
-
-    def __init__(self, writer, tags: dict, *, evaluate, eval_every: int, probe=None, progress=print,
-                 eval_start: bool = True):
-        self.writer, self.tags, self.evaluate, self.every, self.probe = writer, tags, evaluate, eval_every, probe
-        self.progress, self.eval_start = progress, eval_start
-        self.history: list[dict] = []
-        self.clock = Stopwatch()
-
-    def __call__(self, trainer: KlearGRPOTrainer, record: dict) -> None:
-        rec = {**self.tags, **record}
-        if self.probe is not None:
-            rec.update({f"klear/{k}": v for k, v in self.probe(trainer.model).items()})
-        due = record["rollout"] % self.every == 0 and (record["rollout"] > 0 or self.eval_start)
-        if due or record["final"]:
-            res = self.evaluate(trainer.model)  # {"avg_at_n": float, "n": int, other floats, "by_level": {...}}
-            rec.update({f"eval/{k}": v for k, v in res.items() if isinstance(v, float)})
-            rec.update({f"eval/avg_at_n_level{lvl}": v for lvl, v in res.get("by_level", {}).items()})
-            self.history.append(rec)
-            tags = " ".join(f"{k}={v}" for k, v in self.tags.items())
-            extra = "".join(f", {k.split('/')[-1]} {v:.3f}" for k, v in rec.items()
-                            if k in ("eval/avg_at_n_fork", "klear/p_correct_fork"))
-            self.progress(f"  [{self.clock():6.1f}s] {tags} rollout {record['rollout']:3d} (step {record['step']:3d}): "
-                          f"held-out avg@{res['n']} = {res['avg_at_n']:.3f}{extra}")
-        self.writer.write(rec)
-        numbers = {k: v for k, v in rec.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-                   and k not in self.tags and k != "step"}
-        # the experiment tracker (report_to) sees the rollout records too; MetricsCallback ignores them. The handler's
-        # on_log clears control.should_log, which the optimizer step being finished still needs: keep it.
-        should_log = trainer.control.should_log
-        trainer.callback_handler.on_log(trainer.args, trainer.state, trainer.control, logs=numbers)
-        trainer.control.should_log = should_log
-
-
-def correctness_reward(completions, answer, **kwargs) -> list[float]:
-    """TRL reward function: 1.0 for the right boxed answer after ``</think>``, else 0.0 (tiny task)."""
-    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [exact_answer_reward(t, a)[0] for t, a in zip(texts, answer)]
-
-
-correctness_reward.reward_range = (0.0, 1.0)  # KlearGRPOTrainer checks the Klear filter can be met before training
-
-
-def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None, output_dir=None, progress=print,
-           rows=None, reward_funcs=None, evaluate=None, probe=None, save_dir=None, tracking_dir=None):
-    """RL from ``model`` (the SFT start) with ``cfg`` (an ``RLExperimentConfig``); returns (model, eval history).
-
-    The task is the tiny arithmetic one unless the caller passes its own: ``rows`` (dataset rows with a
-    ``prompt`` and the columns its reward functions read), ``reward_funcs`` (TRL reward functions), ``evaluate``
-    (model -> ``{"avg_at_n": float, "n": int, ...}``) and ``probe`` (model -> ``{name: float}``, logged per rollout
-    as ``klear/<name>``; on the arithmetic task with fork facts, the fork probe). Metrics go to ``writer`` (a
-    ``runs.MetricsWriter``): one record per optimizer step and one per rollout. The caller sets the seed
-    (``runs.set_seed``) before building the model. ``save_dir``: save the final model there through the trainer
-    (every process calls it, as sharded ZeRO-3/FSDP weights need). ``tracking_dir``: where the experiment tracker
-    of ``cfg.report_to`` writes and under which names (a ``klear_lib.experiment.UnitTracking``, or a folder;
-    ``klear_lib.train.tracking``; default ``<output_dir>/tracking``); the rollout records go to it too.
-    ``output_dir``: the trainer's folder (its checkpoints when ``save_steps``; a run resumes from the newest); by
-    default a scratch folder, removed when the run ends unless the tracker's default folder is inside it.
-    """
-    tags = dict(tags or {})
-    arithmetic = rows is None
-    facts = parse_fork_facts(getattr(cfg, "fork_facts", "")) if arithmetic else ()
-    if arithmetic:
-        rows = [{"prompt": prompt_messages(p), "answer": p.answer} for p in train_problems]
-    if evaluate is None:
-        evaluate = partial(
-            evaluate_heldout,
-            tokenizer=tokenizer,
-            problems=heldout,
-            n=cfg.eval_n,
-            temperature=cfg.eval_temperature,
-            top_p=cfg.eval_top_p,
-            max_new_tokens=cfg.max_completion_length,
-            fork_facts=facts,
-        )
-    if probe is None and facts:
-        probe = partial(arithmetic_probes, tokenizer=tokenizer, facts=facts, problems=heldout)
-    focus = None
-    if facts:
-        def focus(prompt_ids, completion_ids, completion_mask):
-            return fork_token_mask(tokenizer, completion_ids, completion_mask, facts)
-    dataset = Dataset.from_list(rows)
-    upr = cfg.updates_per_rollout
-    report_to = getattr(cfg, "report_to", "none")
-    tracking = contextlib.ExitStack()
-    tracker_inside = report_to != "none" and tracking_dir is None  # launch.py: beside the checkpoints
-    if output_dir is None:  # a scratch folder for the trainer, removed after the run unless the tracker writes in it
-        output_dir = (tempfile.mkdtemp(prefix="klear-rl-") if tracker_inside
-                      else tracking.enter_context(tempfile.TemporaryDirectory(prefix="klear-rl-")))
-    output_dir = str(output_dir)
-    if tracker_inside:  # named after the checkpoints' folder
-        tracking_dir = os.path.join(output_dir, "tracking")
-    args = GRPOConfig(
-        output_dir=output_dir,
-        per_device_train_batch_size=_per_device(cfg.mini_batch_prompts * cfg.num_generations),  # completions per update
-        steps_per_generation=upr,  # at most `upr` optimizer steps per rollout (dynamic sampling may make fewer)
-        gradient_accumulation_steps=1,
-        num_generations=cfg.num_generations,
-        max_completion_length=cfg.max_completion_length,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        learning_rate=cfg.rl_lr,
-        lr_scheduler_type="constant_with_warmup",
-        warmup_steps=cfg.warmup_steps,
-        weight_decay=cfg.weight_decay,
-        max_grad_norm=cfg.max_grad_norm,
-        max_steps=cfg.max_steps + upr,  # a bound, never reached: the rollout budget ends the run (+1 rollout: resume)
-        beta=0.0,
-        epsilon=cfg.clip_ratio_low,  # unused by our loss; set so TRL's own logs agree
-        epsilon_high=cfg.clip_ratio_high,
-        use_vllm=cfg.use_vllm,
-        vllm_mode=cfg.vllm_mode,
-        vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-        gradient_checkpointing=checkpointing(cfg),
-        vllm_importance_sampling_correction=False,  # see KlearGRPOTrainer.__init__
-        use_cpu=cfg.use_cpu,
-        bf16=cfg.bf16,
-        seed=cfg.seed,
-        data_seed=cfg.seed,
-        logging_steps=1,
-        save_strategy="steps" if cfg.save_steps else "no",
-        save_steps=cfg.save_steps or 500,
-        report_to=report_to,
-        disable_tqdm=True,
-        **tracker_names(tracking_dir),  # the unit is the run, the notebook the project (klear_lib.train.tracking)
-    )
-    recorder = RolloutRecorder(writer, tags, evaluate=lambda m: evaluate(m), eval_every=cfg.eval_every, probe=probe,
-                               eval_start=getattr(cfg, "eval_start", True),
-                               progress=progress)
-    # the trackers read their folders and names when the trainer is built
-    tracking.enter_context(tracking_env(tracking_dir if report_to != "none" else None))
-    trainer = KlearGRPOTrainer(
-        model=model,
-        reward_funcs=reward_funcs or [correctness_reward],
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        klear=cfg.klear_loss,
-        rollouts=cfg.rollouts,
-        on_rollout=(recorder,),
-        focus=focus,
-        on_no_updates="warn",  # a notebook arm whose filter keeps nothing is a result; the records show it
-        callbacks=[MetricsCallback(writer, tags)],
-    )
-    trainer.remove_callback(PrinterCallback)  # one progress line per evaluation instead of a dict per step
-    add_hparams(trainer, cfg, args.report_to)  # TensorBoard: the resolved config as hparams
-    try:
-        trainer.train(resume_from_checkpoint=_last_checkpoint(args.output_dir) if cfg.save_steps else None)
-    finally:
-        tracking.close()
-    if save_dir is not None:
-        trainer.save_model(str(save_dir))
-        if trainer.accelerator.is_main_process:
-            tokenizer.save_pretrained(str(save_dir))
-    return trainer.model, recorder.history
-
-
-def _per_device(completions_per_update: int) -> int:
-    """A mini-batch's completions per process: ``mini_batch_prompts`` is global (Klear's 16 prompts per optimizer
-    step, however many GPUs), so each of WORLD_SIZE processes takes its share."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if completions_per_update % world:
-        raise ValueError(f"mini_batch_prompts x num_generations = {completions_per_update} completions per optimizer "
-                         f"step must divide evenly over the {world} processes")
-    return completions_per_update // world
-
-
-def _last_checkpoint(output_dir: str) -> str | None:
-    """The newest ``checkpoint-N`` folder in ``output_dir`` (an interrupted run resumes there), or None."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None

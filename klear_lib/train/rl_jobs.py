@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 def rl_unit(*, config: dict, start: str, tags: dict, metrics_path: str) -> dict:
     """RL from the SFT model saved at ``start`` with ``config`` (``RLExperimentConfig`` fields; its ``seed`` is
     the run's seed), records tagged with ``tags``. Returns the last evaluation (``eval/*``) and the step count."""
-    from klear_lib.train.rl import run_rl
+    from klear_lib.train.rl_run import run_rl
 
     cfg = RLExperimentConfig.from_params(config)
     train, heldout = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, cfg.level_list)
