@@ -4,7 +4,8 @@ A run directory is ``<output_root>/<notebook name>/<YYYYmmdd-HHMMSS>`` (``create
 
 ==================  ===========================================================================
 ``config.json``     the resolved run config (``write_run_metadata``), sorted keys
-``versions.json``   python, platform, the processor and the versions of the packages that shape a result
+``versions.json``   python, platform, the processor, the versions of the packages that shape a result, and
+                    ``sandbox``: how the code sandbox bounds a sample here (``cgroup v2``/``cgroup v1``/``none``)
 ``git.json``        ``{"commit", "dirty", "branch", "root"}`` of the checkout that ran
 ``metrics.jsonl``   one JSON object per line, appended as training goes (``MetricsWriter``)
 ``summary.json``    the run's final numbers (``write_summary``)
@@ -363,6 +364,14 @@ def cpu_record() -> dict[str, str]:
             "cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
 
 
+def sandbox_record() -> str:
+    """How the code sandbox bounds a sample in this process: ``cgroup v2``, ``cgroup v1`` or ``none``
+    (``rewards.sandbox.sandbox_mode``); ``none`` means memory polled and CPU time summed from /proc."""
+    from klear_lib.rewards.sandbox import sandbox_mode
+
+    return sandbox_mode()
+
+
 def write_run_metadata(run_dir: str | os.PathLike, config: Any) -> None:
     """Write config.json (the resolved config), versions.json and git.json into `run_dir`.
 
@@ -376,7 +385,7 @@ def write_run_metadata(run_dir: str | os.PathLike, config: Any) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_json(run_dir / CONFIG_FILE, config)
     versions = {"python": sys.version.split()[0], "platform": platform.platform(), **cpu_record(),
-                **package_versions()}
+                **package_versions(), "sandbox": sandbox_record()}
     _write_json(run_dir / VERSIONS_FILE, versions)
     _write_json(run_dir / GIT_FILE, git_info())
 

@@ -76,6 +76,7 @@ from klear_lib.rewards.sandbox_exec import SANDBOX_ENV, Killer, Raw, execute
 from klear_lib.rewards.sandbox_root import interpreter_files, is_under, root_argv
 
 UNSAFE_ENV_VAR = "KLEAR_UNSAFE_NO_SANDBOX"
+UNCOUNTED_ENV_VAR = "KLEAR_SANDBOX_ALLOW_NO_CGROUP"  # training's opt-in to a sandbox without a cgroup
 MIN_BWRAP_VERSION = (0, 8, 0)  # --disable-userns (0.8), --size (0.7), --json-status-fd and --perms on tmpfs
 # As root each test runs as one random uid/gid of this range per sandbox: never a real account, and (almost
 # surely) distinct from every concurrent sandbox, so each sandbox has its own RLIMIT_NPROC budget.
@@ -94,6 +95,10 @@ class SandboxUnavailableError(RuntimeError):
 
 class UnsafeSandboxWarning(RuntimeWarning):
     """Untrusted code is being run without a sandbox."""
+
+
+class UncountedSandboxWarning(RuntimeWarning):
+    """Training scores programs in a sandbox without a cgroup (opted in with $KLEAR_SANDBOX_ALLOW_NO_CGROUP)."""
 
 
 # Shown on every call, not once per call site: running model-written code unsandboxed must never go unnoticed.
@@ -218,7 +223,8 @@ def run_python_tests(
         job.update(cpu_fd=cgroup.cpu_fd, cpu_v=cgroup.cpu_version, oom_fd=cgroup.oom_fd, mem_cap=0)
     job_fd = _memfd("klear-job", _zygote_input(python, job))  # the zygote's stdin
     code_fd = _memfd("klear-main-py", program.encode())  # bwrap copies it to /tmp/main.py (--file)
-    filter_fd = _memfd("klear-seccomp", _seccomp_filter())  # bwrap reads it (--seccomp)
+    # Without the cgroup's CPU counter the zygote sums /proc, which misses children the kernel reaps itself.
+    filter_fd = _memfd("klear-seccomp", _seccomp_filter(fixed_sigchld=job["cpu_fd"] < 0))  # bwrap reads it
     status_r, status_w = os.pipe()  # bwrap's --json-status-fd: the zygote's pid, and whether the sandbox started
     try:
         argv = _bwrap_argv(bwrap, python, code_fd, filter_fd, status_w, tmpfs_mb << 20, hide_paths, stdin_room)
@@ -262,6 +268,42 @@ def sandbox_status() -> dict:
         return {"available": False, "error": str(e)}
     return {"available": r.ok, "bwrap": _bwrap_path(), "uid_inside": r.stdout.strip(), "as_root": os.geteuid() == 0,
             "call_s": round(time.monotonic() - t0, 4), "cgroup": sandbox_cgroup.status()}
+
+
+def sandbox_mode() -> str:
+    """How this process's samples are bounded: ``cgroup v2``, ``cgroup v1`` (memory capped and CPU time counted
+    by the kernel) or ``none`` (the zygote polls both: `sandbox_cgroup`); recorded in every run's
+    ``versions.json``. Never raises."""
+    try:
+        return sandbox_cgroup.status()["mode"]
+    except Exception as e:  # noqa: BLE001 - a record, not a check: say what happened instead of failing the run
+        return f"unknown ({type(e).__name__}: {e})"
+
+
+_uncounted_warned = False
+
+
+def require_metered(who: str) -> str:
+    """Training's check before it scores any program: the sandbox mode (`sandbox_mode`), or
+    `SandboxUnavailableError` where no cgroup can be made, unless ${UNCOUNTED_ENV_VAR}=1 opts in to the fallback
+    (then an `UncountedSandboxWarning`, once per process). Without a cgroup the memory cap is polled every
+    10 ms and CPU time summed from /proc: weaker bounds that a policy may learn to lean on (docs/design.md)."""
+    global _uncounted_warned
+    mode = sandbox_mode()
+    if mode != "none":
+        return mode
+    why = sandbox_cgroup.status().get("why", "")
+    if os.environ.get(UNCOUNTED_ENV_VAR, "") in ("", "0"):
+        raise SandboxUnavailableError(
+            f"{who}: the code sandbox cannot make a cgroup here ({why}), so the kernel would neither cap a "
+            f"sample's memory nor count its CPU time; give it one ({sandbox_cgroup.ENV_VAR}=<a delegated cgroup v2 "
+            f"directory>, or run as root on cgroup v1) or opt in to the polled fallback with {UNCOUNTED_ENV_VAR}=1")
+    if not _uncounted_warned:
+        _uncounted_warned = True
+        warnings.warn(f"{who}: training with the code sandbox's polled fallback ({UNCOUNTED_ENV_VAR}=1; no cgroup: "
+                      f"{why}): memory is polled every 10 ms and CPU time summed from /proc", UncountedSandboxWarning,
+                      stacklevel=2)
+    return mode
 
 
 def sample_budget_s(n_tests: int, timeout_s: float, *, wall_timeout_s: float | None = None) -> float:
@@ -311,10 +353,10 @@ def _zygote_code():
     return compile(_zygote_source(), sandbox_zygote.FILENAME, "exec", dont_inherit=True)  # no __future__ of ours
 
 
-@functools.lru_cache(maxsize=1)
-def _seccomp_filter() -> bytes:
+@functools.lru_cache(maxsize=2)
+def _seccomp_filter(fixed_sigchld: bool = False) -> bytes:
     try:
-        return seccomp.build_filter()
+        return seccomp.build_filter(fixed_sigchld=fixed_sigchld)
     except seccomp.UnsupportedMachineError as e:
         raise SandboxUnavailableError(f"{e}: the sandbox cannot filter syscalls here. To run unsandboxed anyway "
                                       f"(dangerous), pass unsafe_no_sandbox=True or set {UNSAFE_ENV_VAR}=1.") from e

@@ -94,13 +94,12 @@ def start_unit(*, config: dict, error_rate: float, branches: int, cache_root: st
 
 
 def pool_limit_s(test_timeout_s: float) -> float:
-    """The units' reward pool's limit per sample: the sandbox's own deadline for the most tests a sample runs
-    (``CodeRewardOptions.max_tests``), plus the judge's start-up; a slow program is then judged by the sandbox (a
-    wrong answer with its reason), never abandoned by the pool (a replaced worker)."""
-    from klear_lib.rewards import sandbox
-    from klear_lib.rewards.code import CodeRewardOptions
+    """The units' reward pool's limit per sample: ``rewards.code.pool_limit_s``, the sandbox's own deadline for
+    the most tests a sample runs at ``test_timeout_s`` each, plus the worker's start-up (one budget for every
+    caller of the code reward)."""
+    from klear_lib.rewards.code import pool_limit_s as code_pool_limit_s
 
-    return sandbox.sample_budget_s(CodeRewardOptions.max_tests, test_timeout_s) + 5.0
+    return code_pool_limit_s(test_timeout_s)
 
 
 def code_unit(*, config: dict, start: str, reward_mode: str, branches: int, reward_workers: int, test_timeout_s: float,
@@ -111,8 +110,10 @@ def code_unit(*, config: dict, start: str, reward_mode: str, branches: int, rewa
     from klear_lib.evaluation.code_heldout import evaluate_code_heldout
     from klear_lib.rewards.code import failure_score, score_code
     from klear_lib.rewards.pool import MemoPool, RewardPool, make_trl_reward_func
+    from klear_lib.rewards.sandbox import require_metered
     from klear_lib.train.rl import run_rl
 
+    require_metered("the code-reward RL unit")  # no training on a sandbox that cannot count CPU time, unless asked
     cfg = RLExperimentConfig.from_params(config)
     train, heldout = tasks.make_branch_code_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, branches)
     runs.set_seed(cfg.seed)
