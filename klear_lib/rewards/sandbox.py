@@ -197,7 +197,7 @@ def run_python_tests(
     stdin_room = max((len(t["stdin"].encode()) for t in specs if "stdin" in t), default=0)
     stdin_room = -(-stdin_room // 4096) * 4096 + 4096
     job = {"program": program, "tests": specs, "timeout_s": timeout_s, "wall_s": wall_s, "reset_s": reset_s,
-           "cap": max_output_bytes, "preimport": True, "cpu_fd": -1, "cpu_v": 0, "oom_fd": -1,
+           "cap": max_output_bytes, "preimport": True, "cpu_fd": -1, "cpu_v": 0, "oom_fd": -1, "pid_fd": -1,
            "mem_cap": sample_mb << 20,
            "limits": [math.ceil(timeout_s) + 1, memory_mb << 20, max_processes, max_file_mb << 20, max_open_files]}
     budget = sample_budget_s(len(specs), timeout_s, wall_timeout_s=wall_s)
@@ -221,22 +221,26 @@ def run_python_tests(
                                       f"{sandbox_cgroup.ENV_VAR}=off") from e
     if cgroup is not None:  # the kernel caps the sample's memory; the zygote reads its counters
         job.update(cpu_fd=cgroup.cpu_fd, cpu_v=cgroup.cpu_version, oom_fd=cgroup.oom_fd, mem_cap=0)
+    pid_fd = _ns_last_pid_fd()  # the zygote sets the sandbox's pid counter back before each test
+    if pid_fd >= 0:
+        job["pid_fd"] = pid_fd
     job_fd = _memfd("klear-job", _zygote_input(python, job))  # the zygote's stdin
     code_fd = _memfd("klear-main-py", program.encode())  # bwrap copies it to /tmp/main.py (--file)
     # Without the cgroup's CPU counter the zygote sums /proc, which misses children the kernel reaps itself.
     filter_fd = _memfd("klear-seccomp", _seccomp_filter(fixed_sigchld=job["cpu_fd"] < 0))  # bwrap reads it
     status_r, status_w = os.pipe()  # bwrap's --json-status-fd: the zygote's pid, and whether the sandbox started
     try:
-        argv = _bwrap_argv(bwrap, python, code_fd, filter_fd, status_w, tmpfs_mb << 20, hide_paths, stdin_room)
+        argv = _bwrap_argv(bwrap, python, code_fd, filter_fd, status_w, tmpfs_mb << 20, hide_paths, stdin_room,
+                           pid_counter=pid_fd >= 0)
         argv += [python, "-I", "-S", "-c", sandbox_zygote.BOOTSTRAP]
-        fds = (code_fd, filter_fd, status_w)
+        fds = (code_fd, filter_fd, status_w) + ((pid_fd,) if pid_fd >= 0 else ())
         if cgroup is not None:
             argv, fds = cgroup.wrap(argv), fds + cgroup.fds
         killer = Killer(status_r)
         raw = execute(argv, job_fd, budget, _stream_cap(job), killer, pass_fds=fds)
         started = killer.init_pid is not None
     finally:
-        for fd in (job_fd, code_fd, filter_fd, status_r, status_w):
+        for fd in (job_fd, code_fd, filter_fd, status_r, status_w) + ((pid_fd,) if pid_fd >= 0 else ()):
             os.close(fd)
         if cgroup is not None:
             cgroup.close()
@@ -337,10 +341,50 @@ def _test_spec(test) -> dict:
 
 
 def _zygote_input(python: str, job: dict) -> bytes:
-    """The zygote's stdin: a marshal of (its code, the job). The code is compiled here when `python` is this
-    very interpreter (saves the sandbox ~6 ms of compiling per sample), else sent as source."""
+    """The zygote's stdin (a memfd it reads with pread): the length of the head in `HEAD_DIGITS` digits, the head
+    (a marshal of (its code, the job with, in place of the tests, where each one lies and its kind)), then each
+    test's own marshal. The zygote never reads a test: each test's process reads its own section only, so it
+    holds no other test's input (before, every test could walk the harness's frames to the next one's). The
+    code is compiled here when `python` is this very interpreter (saves the sandbox ~6 ms of compiling per
+    sample), else sent as source."""
     same = python == os.path.realpath(sys.executable)
-    return marshal.dumps((_zygote_code() if same else _zygote_source(), job))
+    sections = [marshal.dumps(t) for t in job["tests"]]
+    index, at = [], 0
+    for t, blob in zip(job["tests"], sections):
+        index.append({"kind": "call" if "call" in t else "stdin", "at": at, "size": len(blob)})
+        at += len(blob)
+    head = marshal.dumps((_zygote_code() if same else _zygote_source(), dict(job, tests=index)))
+    start = sandbox_zygote.HEAD_DIGITS + len(head)
+    for entry in index:
+        entry["at"] += start
+    head = marshal.dumps((_zygote_code() if same else _zygote_source(), dict(job, tests=index)))
+    assert sandbox_zygote.HEAD_DIGITS + len(head) == start  # the offsets are ints of the same marshal size
+    return b"%0*d" % (sandbox_zygote.HEAD_DIGITS, len(head)) + head + b"".join(sections)
+
+
+CAP_CHECKPOINT_RESTORE = 40  # Linux >= 5.9: may set a pid namespace's last pid (ns_last_pid)
+
+
+@functools.lru_cache(maxsize=1)
+def _pid_counter_supported() -> bool:
+    """Whether the kernel knows CAP_CHECKPOINT_RESTORE, the capability the zygote needs to set the sandbox's
+    pid counter back (else the pid counter stays a channel between tests: docs/design.md)."""
+    try:
+        return int(Path("/proc/sys/kernel/cap_last_cap").read_text()) >= CAP_CHECKPOINT_RESTORE
+    except (OSError, ValueError):
+        return False
+
+
+def _ns_last_pid_fd() -> int:
+    """A descriptor on /proc/sys/kernel/ns_last_pid, opened here for writing, or -1. A write through it sets the
+    last pid of the WRITER's pid namespace, so the zygote (pid 1 of the sandbox, with CAP_CHECKPOINT_RESTORE)
+    uses it to give every test the same pids; the tests never hold it, nor the capability."""
+    if not _pid_counter_supported():
+        return -1
+    try:
+        return os.open("/proc/sys/kernel/ns_last_pid", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
 
 
 @functools.lru_cache(maxsize=1)
@@ -382,16 +426,20 @@ def _bwrap_path() -> str:
 
 
 def _bwrap_argv(bwrap: str, python: str, code_fd: int, filter_fd: int, status_fd: int, tmpfs_bytes: int,
-                hide_paths: tuple[str, ...] = (), stdin_room: int = 0) -> list[str]:
-    """The bwrap command line up to `--`; each group says why it is there."""
+                hide_paths: tuple[str, ...] = (), stdin_room: int = 0, *, pid_counter: bool = False) -> list[str]:
+    """The bwrap command line up to `--`; each group says why it is there. `pid_counter`: the zygote gets
+    CAP_CHECKPOINT_RESTORE, to set the pid counter back before each test (as non-root in the sandbox's user
+    namespace; each test drops it)."""
     argv = [bwrap]
     # Namespaces: own PIDs (killing pid 1 ends everything), no network, own IPC/UTS/cgroup view. As non-root a
     # user namespace (and no nested ones). As root none, so that each test can drop to a real unprivileged uid.
     argv += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    restore = ["--cap-add", "CAP_CHECKPOINT_RESTORE"] if pid_counter else []
     if os.geteuid() == 0:  # the zygote drops each test's uid and kills what the test leaves: nothing more
         argv += ["--cap-drop", "ALL"] + [a for c in ("SETUID", "SETGID", "KILL") for a in ("--cap-add", f"CAP_{c}")]
+        argv += restore
     else:
-        argv += ["--unshare-user", "--disable-userns"]
+        argv += ["--unshare-user", "--disable-userns"] + restore
     # Lifetime: the zygote is pid 1 and bwrap waits for it (no zombie, see the module docstring); it dies if
     # bwrap dies; setsid so the program cannot push input into our terminal (TIOCSTI).
     argv += ["--as-pid-1", "--die-with-parent", "--new-session", "--json-status-fd", str(status_fd)]

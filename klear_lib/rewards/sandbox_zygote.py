@@ -60,7 +60,10 @@ import time
 
 # Read the job, run this module's code (a code object when the host's Python matches, else the source), go; then
 # skip the interpreter's teardown (~2 ms of CPU): every frame is written with raw writes, nothing is buffered.
-BOOTSTRAP = ("import marshal,posix\nb=b''.join(iter(lambda:posix.read(0,1<<20),b''))\nz,j=marshal.loads(b)\n"
+# The head (its length first, in HEAD_DIGITS digits) holds no test: each test's process reads its own section.
+HEAD_DIGITS = 12
+BOOTSTRAP = ("import marshal,posix\nn=int(posix.pread(0,12,0))\nb=b''\nwhile len(b)<n:\n"
+             " c=posix.pread(0,n-len(b),12+len(b))\n if not c:break\n b+=c\nz,j=marshal.loads(b)\ndel b,c\n"
              "g={'__name__':'klear_zygote'}\nexec(z,g)\ng['main'](j)\nposix._exit(0)\n")
 FILENAME = "<klear-zygote>"  # this module's frames, compiled under this name, are cut from the program's tracebacks
 RESULT_FD = 3  # a function-call test's result record: "json <value>\n" or "repr <text>\n"
@@ -115,6 +118,7 @@ def main(job):
     mine = job["limits"][1] + 4 * job["cap"] + (256 << 20)
     resource.setrlimit(resource.RLIMIT_AS, (mine if hard == resource.RLIM_INFINITY else min(mine, hard), hard))
     host = posix.dup(1)  # frames go here; a child closes it before running anything
+    job["job_fd"] = posix.dup(0)  # the tests' sections: each test's process reads its own, then closes it
     null = posix.open("/dev/null", posix.O_RDWR)
     for fd in (0, 1):  # whatever a pre-imported module prints must not land in the frame stream
         posix.dup2(null, fd)
@@ -136,7 +140,7 @@ def main(job):
                 pass
     meter = Meter(job)
     state = _State(job)
-    why = state.reset_times()
+    why = state.counters.start() or state.reset_times()  # the counters first: their files move the timestamps
     tests = job["tests"]
     for i, test in enumerate(tests):
         if why:  # the sandbox is not as the first test found it: no further test runs in it
@@ -150,21 +154,21 @@ def main(job):
 
 
 def _run_test(job, code, test, i, meter):
-    """Fork one test, watch it, kill what it left; its frame."""
+    """Fork one test, watch it, kill what it left; its frame. `test` says where the test lies and its kind."""
     cap = job["cap"]
-    stdin = _stdin_fd(test.get("stdin", ""), job["stdin_dir"])
     pipes = {"out": posix.pipe(), "err": posix.pipe()}
-    if "call" in test:
+    if test["kind"] == "call":
         pipes["result"] = posix.pipe()
+    if job["pid_fd"] >= 0:  # every test starts from the same pid (`_reset` checked that no process is left)
+        posix.pwrite(job["pid_fd"], b"%d" % PID_BASE, 0)
     meter.start()
     start = time.monotonic()
     pid = posix.fork()
     if pid == 0:
         try:
-            _child(job, code, test, stdin, {k: w for k, (_, w) in pipes.items()})
+            _child(job, code, test, {k: w for k, (_, w) in pipes.items()})
         finally:
             posix._exit(70)  # the child never returns into this loop
-    posix.close(stdin)
     readers = {}
     for name, (r, w) in pipes.items():
         posix.close(w)
@@ -224,8 +228,13 @@ def _run_test(job, code, test, i, meter):
     return frame
 
 
-def _child(job, code, test, stdin, w):
-    """In the forked child: descriptors, limits, uid, then the program. Never returns."""
+def _child(job, code, test, w):
+    """In the forked child: its own test (read from its section of the job), descriptors, limits, uid, then the
+    program. Never returns."""
+    import marshal  # built in
+
+    test = marshal.loads(_pread_all(job["job_fd"], test["at"], test["size"]))
+    stdin = _stdin_fd(test.get("stdin", ""), job["stdin_dir"])
     posix.dup2(stdin, 0)
     posix.dup2(w["out"], 1)
     posix.dup2(w["err"], 2)
@@ -243,6 +252,8 @@ def _child(job, code, test, stdin, w):
     for which, value in zip(RLIMITS, [*job["limits"], 0]):
         resource.setrlimit(which, (value, value))  # hard: the program cannot raise them back
     _drop_uid(job["uid"])
+    if job["sandboxed"] and job["uid"] < 0 and job["pid_fd"] >= 0:
+        _drop_capabilities()  # non-root: the test keeps the zygote's uid, not its CAP_CHECKPOINT_RESTORE
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(0)  # see the module docstring: big ints as in Python < 3.11
     sys.argv = [job["path"]]
@@ -425,13 +436,16 @@ def _children_cpu():
 
 class _State:
     """What the next test must find: the timestamps of the writable directories and of main.py, main.py's
-    inode change time (any chmod or write moves it)."""
+    inode change time (any chmod or write moves it), the socket tables as the sandbox began, the counters of
+    the two tmpfs (`_Counters`)."""
 
     def __init__(self, job):
         self.job = job
         self.when = time.time_ns()
         self.paths = [*job["clean"], job["path"]] if job["sandboxed"] else []
         self.ctime = None
+        self.net = {name: _lines(f"/proc/net/{name}") for name in NET_TABLES} if job["sandboxed"] else {}
+        self.counters = _Counters(job["clean"])
 
     def reset_times(self):
         """Set the timestamps back (a test could leave a chosen time in them); '' or what failed."""
@@ -443,6 +457,143 @@ class _State:
         except OSError as e:
             return f"could not reset the timestamps ({e})"
         return ""
+
+
+NET_TABLES = ("tcp", "tcp6", "udp", "udp6", "raw", "raw6", "udplite", "udplite6", "unix", "packet")
+PID_BASE = 1  # the sandbox's last pid before each test's fork: every test is pid 2 and its children follow
+COUNTER_QUOTA = 64  # inodes and directory entries a test may make in /tmp or in /dev/shm (`_Counters`)
+
+
+def _lines(path):
+    """Lines of a /proc table (0 when it does not exist on this kernel)."""
+    try:
+        fd = posix.open(path, posix.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        n = 0
+        while chunk := posix.read(fd, 1 << 16):
+            n += chunk.count(b"\n")
+        return n
+    finally:
+        posix.close(fd)
+
+
+class _Counters:
+    """The two counters of a tmpfs that emptying it does not set back, made the same for every test.
+
+    A tmpfs numbers its inodes from a counter of its own (Linux >= 5.9), and a directory numbers its entries
+    from another (the offsets `getdents` reports; Linux >= 6.6). A test that makes k files (even unnamed ones:
+    O_TMPFILE) moves the first, one that makes or renames k entries moves the second, and the next test reads
+    k from the first number it gets: the issue measured a program resuming a costly answer from that (0.5
+    against 0). Neither can go back, but both can go forward: after each test, this process reads how far the
+    test moved each one and moves it on to exactly `COUNTER_QUOTA` + 1 past where the test found it, so every
+    test starts from the same place whatever the one before did. A test that moved one by more than the quota
+    leaves the sandbox not reset (no further test runs). Where a counter does not count (an older kernel: the
+    check at the start sees it stand still), there is nothing to set back. The first counter is read from an
+    unnamed file's inode number; the second from the positions of a listing (`_offset`)."""
+
+    GETDENTS64 = {"x86_64": 217, "aarch64": 61}
+
+    def __init__(self, dirs):
+        self.dirs = list(dirs)
+        self.inode = {}  # dir -> what the next inode number must be at the start of the next test (or None)
+        self.entry = {}  # dir -> the same for the next directory entry's offset (or None)
+        if self.dirs:
+            import ctypes  # getdents64: the listing's positions, which the os module does not show
+            self.ctypes, self.libc = ctypes, ctypes.CDLL(None, use_errno=True)
+            self.getdents64 = self.GETDENTS64.get(posix.uname().machine, -1)
+            self.buf = ctypes.create_string_buffer(1 << 16)
+
+    def start(self):
+        """Read where both counters stand and whether they count; '' or what failed."""
+        if self.dirs and self.getdents64 < 0:
+            return "no getdents64 number for this machine"
+        try:
+            for d in self.dirs:
+                a, b = self._offset(d), self._offset(d)
+                self.entry[d] = b + 1 if b == a + 1 else None
+                a, b = self._inode(d), self._inode(d)
+                self.inode[d] = b + 1 if b == a + 1 else None
+        except OSError as e:
+            return f"could not read the counters of the writable directories ({e})"
+        return ""
+
+    def advance(self):
+        """Move both counters of every directory to exactly `COUNTER_QUOTA` + 1 past where this test found them;
+        '' or why not."""
+        try:
+            for d in self.dirs:
+                for name, read, step, where in (("entries", self._offset, self._rename_steps, self.entry),
+                                                 ("inodes", self._inode, self._inode_steps, self.inode)):
+                    if where[d] is None:
+                        continue
+                    target = where[d] + COUNTER_QUOTA  # what the reading below must show, after the padding
+                    now = read(d, where[d])
+                    if now >= target:
+                        return f"the test made more than {COUNTER_QUOTA - 1} {name} in {d}"
+                    if now < where[d]:
+                        return f"the counter of {name} in {d} is not where the test found it"
+                    step(d, target - now - 1)
+                    if read(d, target) != target:
+                        return f"could not set the counter of {name} in {d} to its place"
+                    where[d] = target + 1
+        except OSError as e:
+            return f"could not set back the counters of the writable directories ({e})"
+        return ""
+
+    @staticmethod
+    def _inode(d, at_least=0):
+        """The inode number of a new unnamed file in `d` (it takes one number)."""
+        fd = posix.open(d, posix.O_TMPFILE | posix.O_EXCL | posix.O_RDWR, 0o600)
+        try:
+            return posix.fstat(fd).st_ino
+        finally:
+            posix.close(fd)
+
+    @staticmethod
+    def _inode_steps(d, n):
+        for _ in range(n):
+            posix.close(posix.open(d, posix.O_TMPFILE | posix.O_EXCL | posix.O_RDWR, 0o600))
+
+    @staticmethod
+    def _rename_steps(d, n):
+        """n new entries in `d` and no new inode: one file renamed back and forth (each rename adds an entry)."""
+        if n <= 0:
+            return
+        a, b = d + "/.klear-pad-a", d + "/.klear-pad-b"
+        posix.close(posix.open(a, posix.O_CREAT | posix.O_EXCL | posix.O_WRONLY, 0o600))
+        try:  # the creation took one entry and one inode: the inode counter's own padding accounts for it
+            for k in range(n - 1):
+                posix.rename(*((a, b) if k % 2 == 0 else (b, a)))
+        finally:
+            posix.unlink(a if n % 2 else b)
+
+    def _offset(self, d, at_least=0):
+        """Where a new entry of `d` lands in its directory, read by making one (removed after) and listing the
+        directory with getdents64: the larger of the position the listing gives just before it and the one it
+        gives after it (which of the two follows the counter depends on the kernel's listing order; a position
+        of 2**31 - 1 or more is the end of the listing)."""
+        name = b".klear-probe"
+        path = d + "/.klear-probe"
+        posix.close(posix.open(path, posix.O_CREAT | posix.O_EXCL | posix.O_WRONLY, 0o600))
+        fd = posix.open(d, posix.O_RDONLY | posix.O_DIRECTORY)
+        try:
+            ctypes = self.ctypes
+            n = self.libc.syscall(self.getdents64, fd, self.buf, len(self.buf))
+            if n < 0:
+                raise OSError(ctypes.get_errno(), "getdents64 failed")
+            raw, pos, before = self.buf.raw[:n], 0, 0
+            while pos < n:  # struct linux_dirent64: ino u64, off s64, reclen u16, type u8, name
+                off = int.from_bytes(raw[pos + 8:pos + 16], "little", signed=True)
+                reclen = int.from_bytes(raw[pos + 16:pos + 18], "little")
+                if raw[pos + 19:pos + reclen].split(b"\0", 1)[0] == name:
+                    return max(x for x in (before, off) if x < (1 << 31) - 1)
+                before, pos = off, pos + reclen
+            raise OSError(0, f"the probe was not listed in {d}")
+        finally:
+            posix.close(fd)
+            posix.unlink(path)
 
 
 def _kill_leftovers(job):
@@ -516,7 +667,10 @@ def _reset(job, state):
             posix.close(fd)
         if lines > 1:
             return f"SysV {kind} objects exist"
-    return state.reset_times()
+    for name in NET_TABLES:  # sockets the kernel keeps after their processes died (TCP's TIME_WAIT: 60 s)
+        if _lines(f"/proc/net/{name}") > state.net.get(name, 1):
+            return f"the test left sockets in /proc/net/{name} (TIME_WAIT or others)"
+    return state.counters.advance() or state.reset_times()
 
 
 def _empty(top, keep):
@@ -615,6 +769,26 @@ def _imported_names(source):
         if len(words) >= 2 and words[0] in ("import", "from"):
             names.add(words[1].split(".")[0].split(",")[0])
     return names
+
+
+def _pread_all(fd, at, size):
+    data = b""
+    while len(data) < size:
+        chunk = posix.pread(fd, size - len(data), at + len(data))
+        if not chunk:
+            raise OSError(0, "the job ended early")
+        data += chunk
+    return data
+
+
+def _drop_capabilities():
+    """Empty the capability sets of this process (capset, version 3): a non-root test keeps the zygote's uid."""
+    import ctypes  # imported by the zygote already (`_make_non_dumpable`)
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+    data = (ctypes.c_uint32 * 6)()  # two of {effective, permitted, inheritable}, all zero
+    if libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
 
 
 def _stdin_fd(text, where):
