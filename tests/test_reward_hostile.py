@@ -186,6 +186,34 @@ def save(k, h):
     take()
     rt.mq_send(QD, pack(k, h), 40, 0)
 """,
+    # the zygote's memory: each test's stderr passes through it, freed but not cleared, and a process forked
+    # from it copied it (a checkpoint in 135 KB of stderr, found again by reading one's own heap)
+    "zygote_memory": LIBC + """
+import os
+def load():
+    best = None
+    for line in open('/proc/self/maps'):
+        f = line.split()
+        if 'rw' not in f[1] or (len(f) >= 6 and f[5] != '[heap]'):
+            continue
+        lo, hi = (int(x, 16) for x in f[0].split('-'))
+        data = ctypes.string_at(lo, hi - lo)
+        i = data.find(b'KLEAR' b'CKPT')
+        while i >= 0:
+            try:
+                k, h = unpack(bytes.fromhex(data[i + 9:i + 89].decode()))
+                if best is None or k > best[0]:
+                    best = (k, h)
+            except Exception:
+                pass
+            i = data.find(b'KLEAR' b'CKPT', i + 1)
+    if best is None:
+        raise LookupError
+    return best
+def save(k, h):
+    if k % 200000 == 0:
+        os.write(2, (('KLEAR' 'CKPT' + pack(k, h).hex() + chr(10)) * 1500).encode())
+""",
     # /tmp behind 1,100 directories (deeper than the recursion limit: the old sweep died on it)
     "tmp_deep_tree": """
 import os

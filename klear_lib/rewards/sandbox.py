@@ -30,8 +30,12 @@ allows one (`sandbox_cgroup`, which also gives each sample an equal share of the
 zygote. The whole sandbox has a backstop deadline on the host, at which its pid 1 is killed, which takes every
 process in the namespace with it (double-forked, setsid'd daemons included).
 
-Fresh state. Each test finds /tmp and /dev/shm empty and as the first test found them, and no IPC object: the
-zygote resets the sandbox after each test or runs no further test in it (`sandbox_zygote`).
+Fresh state. Each test finds /tmp and /dev/shm empty and as the first test found them (their inode and entry
+counters included), no IPC object, no socket in /proc/net, the same pids, and only its own test in memory: the
+zygote resets the sandbox after each test or runs no further test in it (`sandbox_zygote`). Where no cgroup
+counts CPU time, the seccomp filter keeps SIGCHLD's action at its default (`seccomp`), so that no child the
+kernel reaps itself escapes the zygote's /proc meter; training refuses such a sandbox unless
+$KLEAR_SANDBOX_ALLOW_NO_CGROUP=1 (`require_metered`), and every run records the mode (`sandbox_mode`).
 
 Reaping. bwrap runs with `--as-pid-1`: our zygote is the namespace's init and bwrap waits for it directly.
 Without it, bwrap's own init reports the program's exit through an eventfd and bwrap exits at once, without

@@ -29,10 +29,20 @@ Fresh state (`_reset`, after every test but the last, when nothing can follow). 
 running is killed; /tmp and /dev/shm are emptied by a walk that holds directory descriptors (no recursion, no
 path length limit, permissions a test took away given back) and bounded in time; the two directories and
 /tmp/main.py are checked to be as they were (mode, extended attributes, main.py untouched) and their
-timestamps are set back; and no SysV IPC object may exist (the seccomp filter refuses to create them and POSIX
-message queues; this checks). If any of that fails, no further test runs: each reports that the sandbox could
-not be reset. What a test can still pass to the next is timing: its own duration and the pid counter (a few
-bits per test, through channels every process has).
+timestamps are set back; no SysV IPC object may exist (the seccomp filter refuses to create them and POSIX
+message queues; this checks); no socket may be left in /proc/net (TCP keeps a closed connection's ports in
+TIME_WAIT for 60 s: a 40-byte checkpoint in 40 connections); and the counters emptying cannot set back are
+moved on to a fixed place (`_Counters`: the inode numbers of each tmpfs and the entry offsets of each
+directory, at most `COUNTER_QUOTA` per test). Before each test's fork the sandbox's last pid is set back
+(ns_last_pid, through a descriptor the host opened, with CAP_CHECKPOINT_RESTORE), so every test has the same
+pid and its children's pids depend on its own forks only. If any of that fails, no further test runs:
+each reports that the sandbox could not be reset. Each test's process reads its own test from its section of
+the job (this process never reads one), so no test holds another's input.
+
+What a test can still pass to the next: timing (its own duration, through every clock), counters the kernel
+keeps for the whole machine rather than per namespace or filesystem (the inode numbers of pipes and sockets,
+socket cookies, the ephemeral-port offsets of TCP connections). Not this process's memory, where every test's
+output passes: tests are forked by a process that never sees one (`_Forker`).
 
 Pid 1 of a namespace gets no signal from inside it that it has no handler for, so a test cannot kill this
 process; as root the tests run under another uid, and otherwise this process makes itself non-dumpable, so
@@ -141,34 +151,42 @@ def main(job):
     meter = Meter(job)
     state = _State(job)
     why = state.counters.start() or state.reset_times()  # the counters first: their files move the timestamps
+    if not job["sandboxed"]:
+        _make_subreaper()  # each test is handed to this process by the forker: it must come here, not to init
+    forker = _Forker(job, code)  # forks every test; from here on this process holds what tests wrote
+    meter.forker = forker.pid
+    state.net = _net_lines(job)  # with the forker's socket pair
     tests = job["tests"]
     for i, test in enumerate(tests):
         if why:  # the sandbox is not as the first test found it: no further test runs in it
             msg = f"not run: the sandbox could not be reset after test {i - 1}: {why}\n".encode()
             _write_all(host, encode_frame(i, 1 << 8, 0.0, 0.0, b"", msg, b""))
             continue
-        _write_all(host, _run_test(job, code, test, i, meter))
-        if i + 1 < len(tests):  # after the last test nothing needs resetting: the sandbox ends with it
+        frame, why = _run_test(job, forker, test, i, meter)
+        _write_all(host, frame)
+        if i + 1 < len(tests) and not why:  # after the last test nothing needs resetting: the sandbox ends with it
             why = _reset(job, state)
+    forker.close()
     posix.close(host)
 
 
-def _run_test(job, code, test, i, meter):
-    """Fork one test, watch it, kill what it left; its frame. `test` says where the test lies and its kind."""
+def _run_test(job, forker, test, i, meter):
+    """Start one test (through the forker), watch it, kill what it left; (its frame, '' or why no further test
+    may run). `test` says where the test lies and its kind."""
     cap = job["cap"]
     pipes = {"out": posix.pipe(), "err": posix.pipe()}
     if test["kind"] == "call":
         pipes["result"] = posix.pipe()
-    if job["pid_fd"] >= 0:  # every test starts from the same pid (`_reset` checked that no process is left)
-        posix.pwrite(job["pid_fd"], b"%d" % PID_BASE, 0)
     meter.start()
     start = time.monotonic()
-    pid = posix.fork()
-    if pid == 0:
-        try:
-            _child(job, code, test, {k: w for k, (_, w) in pipes.items()})
-        finally:
-            posix._exit(70)  # the child never returns into this loop
+    try:
+        pid = forker.start(i, [w for _, w in pipes.values()], job["reset_s"])
+    except OSError as e:
+        for r, w in pipes.values():
+            posix.close(r)
+            posix.close(w)
+        why = f"the test could not be started ({e})"
+        return encode_frame(i, 1 << 8, 0.0, 0.0, b"", f"not run: {why}\n".encode(), b""), why
     readers = {}
     for name, (r, w) in pipes.items():
         posix.close(w)
@@ -225,7 +243,109 @@ def _run_test(job, code, test, i, meter):
                          result[:cap], timed_out=timed_out, overflow=overflow, out_truncated=len(data["out"]) > cap,
                          err_truncated=len(data["err"]) > cap, result_overflow=len(result) > cap,
                          memory_exceeded=memory)
-    return frame
+    return frame, ""
+
+
+class _Forker:
+    """The process that forks every test, itself forked from this one before the first test: so a test's process
+    is a copy of a process that never held anything a test wrote.
+
+    This process reads each test's output; what it frees it does not clear, and a process forked from it copies
+    its memory: test 1 found test 0's stdout there, byte for byte, by reading its own heap. The forker only
+    ever receives, over a socket pair, a test's index and the write ends of its pipes (SCM_RIGHTS), sets the
+    last pid back (as root, or with CAP_CHECKPOINT_RESTORE: the pids it sees are then the same for every
+    test), forks an intermediate that forks the test and exits, and reaps that intermediate (status 0). The
+    test is then an orphan, adopted by this process (pid 1, or a subreaper unsandboxed), which waits for it,
+    meters it and kills what it leaves; the intermediate reports the test's pid here, the forker "ok" after."""
+
+    def __init__(self, job, code):
+        import _socket
+
+        self.socket = _socket
+        mine, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+        pid = posix.fork()
+        if pid == 0:
+            try:
+                mine.close()
+                _forker_loop(job, code, theirs)
+            finally:
+                posix._exit(0)
+        theirs.close()
+        self.sock, self.pid = mine, pid
+        global _FORKER_PID
+        _FORKER_PID = pid
+
+    def start(self, i, fds, timeout_s):
+        """Start test `i` with `fds` (the write ends of its pipes, in order); its pid, once it is this process's
+        child. OSError if the forker does not answer within `timeout_s`."""
+        s = self.socket
+        self.sock.sendmsg([b"%d" % i], [(s.SOL_SOCKET, s.SCM_RIGHTS,
+                                         b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds))])
+        deadline = time.monotonic() + timeout_s
+        answers = []
+        while len(answers) < 2:
+            ready, _, _ = select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise OSError(0, "the forker did not answer")
+            msg = self.sock.recv(64)
+            if not msg:
+                raise OSError(0, "the forker is gone")
+            answers.append(msg)
+        if answers[1] != b"ok" or int(answers[0]) <= 0:
+            raise OSError(0, f"the forker said {answers!r}")
+        return int(answers[0])
+
+    def close(self):
+        self.sock.close()  # the forker reads the end of its socket and exits
+        try:
+            posix.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+
+_FORKER_PID = -1
+
+
+def _forker_loop(job, code, sock):
+    """The forker's life (`_Forker`): one test per message until the socket closes."""
+    import _socket
+
+    space = _socket.CMSG_SPACE(3 * 4)
+    while True:
+        msg, ancillary, _, _ = sock.recvmsg(32, space)
+        if not msg:
+            return
+        fds = []
+        for level, kind, data in ancillary:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                fds += [int.from_bytes(data[k:k + 4], sys.byteorder, signed=True)
+                        for k in range(0, len(data) - len(data) % 4, 4)]
+        test = job["tests"][int(msg)]
+        w = dict(zip(["out", "err", "result"] if test["kind"] == "call" else ["out", "err"], fds))
+        if job["pid_fd"] >= 0:  # every test gets the same pids (`_reset` checked that no process is left)
+            posix.pwrite(job["pid_fd"], b"%d" % posix.getpid(), 0)
+        middle = posix.fork()
+        if middle == 0:
+            try:
+                pid = posix.fork()
+                if pid == 0:
+                    try:
+                        _child(job, code, test, w)
+                    finally:
+                        posix._exit(70)  # the child never returns into this loop
+                sock.send(b"%d" % pid)
+            finally:
+                posix._exit(0)
+        for fd in fds:
+            posix.close(fd)
+        posix.waitpid(middle, 0)
+        sock.send(b"ok")
+
+
+def _make_subreaper():
+    import ctypes
+    if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
 def _child(job, code, test, w):
@@ -352,6 +472,7 @@ class Meter:
         self.tick = posix.sysconf("SC_CLK_TCK")
         self.page = posix.sysconf("SC_PAGE_SIZE")
         self.me = posix.getpid()
+        self.forker = -1  # the forker (`_Forker`): not a test's process
 
     def start(self):
         self.peak = 0.0
@@ -385,7 +506,8 @@ class Meter:
         processes: every process of the namespace but this one, in pid order (a parent before the children it
         may reap meanwhile, so a race loses a child's time for one poll instead of counting it twice)."""
         if self.sandboxed:
-            pids = sorted(int(p) for p in posix.listdir("/proc") if p.isdigit() and int(p) != self.me)
+            pids = sorted(int(p) for p in posix.listdir("/proc") if p.isdigit() and int(p) not in (self.me,
+                                                                                                   self.forker))
         else:
             pids = [pid]
         ticks = rss = 0
@@ -444,7 +566,7 @@ class _State:
         self.when = time.time_ns()
         self.paths = [*job["clean"], job["path"]] if job["sandboxed"] else []
         self.ctime = None
-        self.net = {name: _lines(f"/proc/net/{name}") for name in NET_TABLES} if job["sandboxed"] else {}
+        self.net = _net_lines(job)
         self.counters = _Counters(job["clean"])
 
     def reset_times(self):
@@ -460,8 +582,12 @@ class _State:
 
 
 NET_TABLES = ("tcp", "tcp6", "udp", "udp6", "raw", "raw6", "udplite", "udplite6", "unix", "packet")
-PID_BASE = 1  # the sandbox's last pid before each test's fork: every test is pid 2 and its children follow
 COUNTER_QUOTA = 64  # inodes and directory entries a test may make in /tmp or in /dev/shm (`_Counters`)
+
+
+def _net_lines(job):
+    """Lines of each socket table of the sandbox's network namespace (none unsandboxed)."""
+    return {name: _lines(f"/proc/net/{name}") for name in NET_TABLES} if job["sandboxed"] else {}
 
 
 def _lines(path):
@@ -605,8 +731,13 @@ def _kill_leftovers(job):
     if helper == 0:
         try:
             _drop_uid(job["uid"])
-            for _ in range(3):  # kill(-1): everything this uid may signal here, except pid 1 and the caller
-                _kill(-1)
+            for _ in range(3):
+                if job["uid"] >= 0:  # kill(-1): everything this uid may signal here, except pid 1 and the caller
+                    _kill(-1)
+                else:  # the tests share the forker's uid: every process but it, pid 1 and this one, one by one
+                    for p in _other_pids():
+                        if int(p) != 1:
+                            _kill(int(p))
         finally:
             posix._exit(0)
     posix.waitpid(helper, 0)
@@ -722,8 +853,9 @@ def _reap():
 
 
 def _other_pids():
+    """Every process here but this one and the forker."""
     me = posix.getpid()
-    return [p for p in posix.listdir("/proc") if p.isdigit() and int(p) != me]
+    return [p for p in posix.listdir("/proc") if p.isdigit() and int(p) not in (me, _FORKER_PID)]
 
 
 def _leftover_files(job):
