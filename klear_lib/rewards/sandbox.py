@@ -383,8 +383,8 @@ def _ns_last_pid_fd() -> int:
     """A descriptor on /proc/sys/kernel/ns_last_pid, opened here for writing, or -1. A write through it sets the
     last pid of the WRITER's pid namespace, so the zygote (pid 1 of the sandbox, with CAP_CHECKPOINT_RESTORE)
     uses it to give every test the same pids; the tests never hold it, nor the capability."""
-    if not _pid_counter_supported():
-        return -1
+    if not _pid_counter_supported() or os.geteuid() != 0:  # non-root: the capability does not survive bwrap's
+        return -1  # exec of the zygote in the user namespace (EPERM), so the pid counter is not set back there
     try:
         return os.open("/proc/sys/kernel/ns_last_pid", os.O_WRONLY | os.O_CLOEXEC)
     except OSError:
@@ -432,8 +432,8 @@ def _bwrap_path() -> str:
 def _bwrap_argv(bwrap: str, python: str, code_fd: int, filter_fd: int, status_fd: int, tmpfs_bytes: int,
                 hide_paths: tuple[str, ...] = (), stdin_room: int = 0, *, pid_counter: bool = False) -> list[str]:
     """The bwrap command line up to `--`; each group says why it is there. `pid_counter`: the zygote gets
-    CAP_CHECKPOINT_RESTORE, to set the pid counter back before each test (as non-root in the sandbox's user
-    namespace; each test drops it)."""
+    CAP_CHECKPOINT_RESTORE, to set the pid counter back before each test (each test drops it: as root with its
+    uid, as non-root explicitly)."""
     argv = [bwrap]
     # Namespaces: own PIDs (killing pid 1 ends everything), no network, own IPC/UTS/cgroup view. As non-root a
     # user namespace (and no nested ones). As root none, so that each test can drop to a real unprivileged uid.
