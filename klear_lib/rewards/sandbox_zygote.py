@@ -2,14 +2,16 @@
 
 Runs as pid 1 of the sandbox's PID namespace, in `python -I -S` (stdlib only: nothing of klear_lib exists inside
 the sandbox). `BOOTSTRAP` reads from stdin a marshal of (this module's code or source, the job), and calls
-`main(job)`. The job (see `sandbox.run_python_tests`) holds the program, the tests and the limits. `main`
-compiles the program once, imports the standard-library modules the program names, and then for each test:
+`main(job)`. The job (see `sandbox.run_python_tests`) holds the program, the limits and where each test lies
+in the job's descriptor (never a test itself). `main` compiles the program once, imports the standard-library
+modules the program names, forks the forker (`_Forker`), and then for each test:
 
-    fork ─ child: stdin/stdout/stderr of its own, rlimits, drop to the sandbox uid, run the program as __main__
-         │        (or as module `solution`, then call one function)
-         └ here:  collect the child's output (capped); kill it at its CPU-time limit, its wall-clock backstop,
-                  the output cap or (without a cgroup) the sample's memory cap; reap it; then reset the sandbox
-                  for the next test (`_reset`) and send the test's frame to the host
+    forker ─ fork ─ fork ─ child: its own test from the job, stdin/stdout/stderr of its own, rlimits, drop to
+           │      │              the sandbox uid, run the program as __main__ (or as module `solution`, then
+           │      └ exit         call one function); adopted here when the middle process exits
+           └ here:  collect the child's output (capped); kill it at its CPU-time limit, its wall-clock backstop,
+                    the output cap or (without a cgroup) the sample's memory cap; reap it; then reset the
+                    sandbox for the next test (`_reset`) and send the test's frame to the host
 
 A frame is a header line of thirteen numbers followed by the raw stdout, stderr and result bytes it announces.
 
@@ -129,6 +131,7 @@ def main(job):
     resource.setrlimit(resource.RLIMIT_AS, (mine if hard == resource.RLIM_INFINITY else min(mine, hard), hard))
     host = posix.dup(1)  # frames go here; a child closes it before running anything
     job["job_fd"] = posix.dup(0)  # the tests' sections: each test's process reads its own, then closes it
+    job["zygote_pid"] = posix.getpid()
     null = posix.open("/dev/null", posix.O_RDWR)
     for fd in (0, 1):  # whatever a pre-imported module prints must not land in the frame stream
         posix.dup2(null, fd)
@@ -356,6 +359,18 @@ def _child(job, code, test, w):
     program. Never returns."""
     import marshal  # built in
 
+    middle, until = posix.getppid(), time.monotonic() + REAP_S
+    while time.monotonic() < until:  # the middle process exits and the forker reaps it: the program finds the
+        try:                         # zygote its parent and no trace of how it was started
+            if posix.getppid() == job["zygote_pid"] and middle != job["zygote_pid"]:
+                posix.kill(middle, 0)
+            elif posix.getppid() == job["zygote_pid"]:
+                break
+        except ProcessLookupError:
+            break
+        except OSError:
+            pass
+        time.sleep(0.0002)
     test = marshal.loads(_pread_all(job["job_fd"], test["at"], test["size"]))
     stdin = _stdin_fd(test.get("stdin", ""), job["stdin_dir"])
     posix.dup2(stdin, 0)
