@@ -158,7 +158,7 @@ def main(job):
         _make_subreaper()  # each test is handed to this process by the forker: it must come here, not to init
     forker = _Forker(job, code)  # forks every test; from here on this process holds what tests wrote
     meter.forker = forker.pid
-    state.net = _socket_counts(job)  # with the forker's socket pair
+    state.net = _settled_socket_counts(job, {"sockets used": 2})  # the forker's socket pair, and no other
     tests = job["tests"]
     for i, test in enumerate(tests):
         if why:  # the sandbox is not as the first test found it: no further test runs in it
@@ -270,6 +270,7 @@ class _Forker:
         if pid == 0:
             try:
                 mine.close()
+                theirs.send(b"ready")  # its copy of this end closed: the socket counts are now the sandbox's own
                 _forker_loop(job, code, theirs)
             except BaseException:  # the sandbox's stderr says why; the tests left report "the forker is gone"
                 import traceback
@@ -278,6 +279,8 @@ class _Forker:
                 posix._exit(0)
         theirs.close()
         self.sock, self.pid = mine, pid
+        if not select.select([mine], [], [], job["reset_s"])[0] or mine.recv(16) != b"ready":
+            raise OSError(0, "the forker did not start")
         global _FORKER_PID
         _FORKER_PID = pid
 
@@ -600,7 +603,19 @@ class _State:
 
 
 PER_NAMESPACE = ("used", "inuse", "tw")  # sockstat's counts of the reader's network namespace
+SOCKETS_SETTLE_S = 0.2
 COUNTER_QUOTA = 32  # inodes and directory entries a test may make in /tmp or in /dev/shm (`_Counters`)
+
+
+def _settled_socket_counts(job, want):
+    """`_socket_counts`, read again for up to `SOCKETS_SETTLE_S` while it differs from `want`: a closed socket
+    leaves the count after an RCU grace period (bwrap's netlink socket at the start, a test's socket pair)."""
+    until = time.monotonic() + SOCKETS_SETTLE_S
+    while True:
+        counts = _socket_counts(job)
+        if all(counts.get(k) == v for k, v in want.items()) or time.monotonic() > until:
+            return counts
+        time.sleep(0.002)
 
 
 def _socket_counts(job):
@@ -821,7 +836,7 @@ def _reset(job, state):
             posix.close(fd)
         if lines > 1:
             return f"SysV {kind} objects exist"
-    net = _socket_counts(job)  # sockets the kernel keeps after their processes died (TCP's TIME_WAIT: 60 s)
+    net = _settled_socket_counts(job, state.net)  # sockets kept after their processes died (TIME_WAIT: 60 s)
     for key, n in net.items():
         if n != state.net.get(key):
             return f"the test left sockets behind ({key}: {state.net.get(key)} before, {n} now; TIME_WAIT or others)"
