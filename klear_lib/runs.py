@@ -364,18 +364,12 @@ def cpu_record() -> dict[str, str]:
             "cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
 
 
-def sandbox_record() -> str:
-    """How the code sandbox bounds a sample in this process: ``cgroup v2``, ``cgroup v1`` or ``none``
-    (``rewards.sandbox.sandbox_mode``); ``none`` means memory polled and CPU time summed from /proc."""
-    from klear_lib.rewards.sandbox import sandbox_mode
-
-    return sandbox_mode()
-
-
-def write_run_metadata(run_dir: str | os.PathLike, config: Any) -> None:
+def write_run_metadata(run_dir: str | os.PathLike, config: Any, *, versions: Mapping[str, Any] | None = None) -> None:
     """Write config.json (the resolved config), versions.json and git.json into `run_dir`.
 
     `config` is a dataclass (nested dataclasses allowed) or a mapping; it is written with sorted keys.
+    `versions`: more facts about the machine for versions.json, from the layers above this one (the code
+    sandbox's mode: ``rewards.sandbox.sandbox_mode``, passed by every training run's start).
     """
     if not (dataclasses.is_dataclass(config) and not isinstance(config, type)) and not isinstance(
         config, Mapping
@@ -385,7 +379,7 @@ def write_run_metadata(run_dir: str | os.PathLike, config: Any) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_json(run_dir / CONFIG_FILE, config)
     versions = {"python": sys.version.split()[0], "platform": platform.platform(), **cpu_record(),
-                **package_versions(), "sandbox": sandbox_record()}
+                **package_versions(), **(versions or {})}
     _write_json(run_dir / VERSIONS_FILE, versions)
     _write_json(run_dir / GIT_FILE, git_info())
 

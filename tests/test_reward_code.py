@@ -375,11 +375,13 @@ def test_training_refuses_a_sandbox_without_a_cgroup_unless_asked_and_then_warns
         assert sandbox.require_metered("the test's trainer") == "none"
         assert sandbox.require_metered("the test's trainer") == "none"
     assert len([w for w in caught if issubclass(w.category, sandbox.UncountedSandboxWarning)]) == 1  # once
-    runs.write_run_metadata(tmp_path, {"x": 1})  # every run records the mode it ran under
+    from klear_lib import notebook
+
+    notebook.start_run("x", str(tmp_path), {"x": 1})  # every notebook run records the mode it ran under
     assert json.loads((tmp_path / runs.VERSIONS_FILE).read_text())["sandbox"] == "none"
     monkeypatch.setenv(sandbox_cgroup.ENV_VAR, "auto")
     if sandbox_cgroup.setup() is not None:  # this machine gives samples a cgroup: no opt-in needed
         monkeypatch.delenv(sandbox.UNCOUNTED_ENV_VAR)
         assert sandbox.require_metered("the test's trainer") in ("cgroup v1", "cgroup v2")
-        runs.write_run_metadata(tmp_path, {"x": 1})
+        notebook.start_run("x", str(tmp_path), {"x": 1})
         assert json.loads((tmp_path / runs.VERSIONS_FILE).read_text())["sandbox"] == sandbox.sandbox_mode()

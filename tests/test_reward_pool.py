@@ -684,7 +684,7 @@ def test_two_huge_answers_that_differ_in_the_middle_are_judged_apart_through_the
     with _no_int_limit():
         a, b = _middle_differs()
         tests = {n: parse_tests('[{"fn_name": "f", "args": [], "expected": %d}]' % n) for n in (a, b)}
-    response = f"<think>x</think>```python\ndef f():\n    return int('{a}')\n```"
+        response = f"<think>x</think>```python\ndef f():\n    return int('{a}')\n```"
     inner = _InlineCodePool()
     reward = make_trl_reward_func(MemoPool(inner), {"tests": "tests"}, "code_soft", score_kwargs={"mode": "soft"})
     assert reward([response, response], tests=[tests[a], tests[b]]) == [1.0, 0.0]

@@ -373,7 +373,7 @@ def test_each_test_finds_the_sandbox_as_the_first_one_did():
         if sys.stdin.read() == 'poison':
             open('/tmp/main.py').read()  # moves its access time
             os.chdir('/tmp')
-            for _ in range(40):  # deeper trees are `_empty`'s test; past the counters' quota the reset refuses
+            for _ in range(20):  # deeper trees are `_empty`'s test; past the counters' quota the reset refuses
                 os.mkdir('d'); os.chdir('d')
             open('state', 'w').write('1')
             os.mkdir('/dev/shm/locked'); open('/dev/shm/locked/f', 'w').write('1'); os.chmod('/dev/shm/locked', 0)
@@ -429,7 +429,7 @@ def test_every_test_finds_the_same_pids_inode_numbers_and_entry_offsets():
         print(seen, pid)
     """).replace("GETDENTS64", str({"x86_64": 217, "aarch64": 61}[os.uname().machine]))
     assert ctypes  # the program needs it inside the sandbox, as the zygote does
-    runs = [run_python_tests(program, [first, "0\n"], timeout_s=5) for first in ("0\n", "7\n", "40\n")]
+    runs = [run_python_tests(program, [first, "0\n"], timeout_s=5) for first in ("0\n", "7\n", "20\n")]
     assert all(r.ok for run in runs for r in run), [r.stderr[-300:] for run in runs for r in run]
     after = [run[1].stdout for run in runs]
     assert after[0] == after[1] == after[2], after  # test 1 finds the same, whatever test 0 moved

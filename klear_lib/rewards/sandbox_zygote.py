@@ -337,10 +337,11 @@ def _forker_loop(job, code, sock):
         middle = posix.fork()
         if middle == 0:
             try:
+                middle = posix.getpid()
                 pid = posix.fork()
                 if pid == 0:
                     try:
-                        _child(job, code, test, w)
+                        _child(job, code, test, w, middle)
                     finally:
                         posix._exit(70)  # the child never returns into this loop
                 sock.send(b"%d" % pid)
@@ -358,18 +359,16 @@ def _make_subreaper():
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
-def _child(job, code, test, w):
+def _child(job, code, test, w, middle):
     """In the forked child: its own test (read from its section of the job), descriptors, limits, uid, then the
     program. Never returns."""
     import marshal  # built in
 
-    middle, until = posix.getppid(), time.monotonic() + REAP_S
+    until = time.monotonic() + REAP_S
     while time.monotonic() < until:  # the middle process exits and the forker reaps it: the program finds the
         try:                         # zygote its parent and no trace of how it was started
-            if posix.getppid() == job["zygote_pid"] and middle != job["zygote_pid"]:
-                posix.kill(middle, 0)
-            elif posix.getppid() == job["zygote_pid"]:
-                break
+            if posix.getppid() == job["zygote_pid"]:
+                posix.kill(middle, 0)  # ProcessLookupError once reaped (a zombie still answers)
         except ProcessLookupError:
             break
         except OSError:
