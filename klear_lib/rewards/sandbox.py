@@ -371,11 +371,16 @@ CAP_CHECKPOINT_RESTORE = 40  # Linux >= 5.9: may set a pid namespace's last pid 
 
 @functools.lru_cache(maxsize=1)
 def _pid_counter_supported() -> bool:
-    """Whether the kernel knows CAP_CHECKPOINT_RESTORE, the capability the zygote needs to set the sandbox's
-    pid counter back (else the pid counter stays a channel between tests: docs/design.md)."""
+    """Whether the kernel and bwrap know CAP_CHECKPOINT_RESTORE, the capability the zygote needs to set the
+    sandbox's pid counter back (else the pid counter stays a channel between tests: docs/design.md). bwrap
+    reads capability names through libcap, which learnt this one in 2.44: asked once per process."""
     try:
-        return int(Path("/proc/sys/kernel/cap_last_cap").read_text()) >= CAP_CHECKPOINT_RESTORE
-    except (OSError, ValueError):
+        if int(Path("/proc/sys/kernel/cap_last_cap").read_text()) < CAP_CHECKPOINT_RESTORE:
+            return False
+        probe = [_bwrap_path(), "--ro-bind", "/", "/", "--cap-drop", "ALL", "--cap-add", "CAP_CHECKPOINT_RESTORE",
+                 "--", os.path.realpath(sys.executable), "-I", "-S", "-c", "0"]
+        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, ValueError, subprocess.SubprocessError, SandboxUnavailableError):
         return False
 
 
@@ -383,7 +388,7 @@ def _ns_last_pid_fd() -> int:
     """A descriptor on /proc/sys/kernel/ns_last_pid, opened here for writing, or -1. A write through it sets the
     last pid of the WRITER's pid namespace, so the zygote (pid 1 of the sandbox, with CAP_CHECKPOINT_RESTORE)
     uses it to give every test the same pids; the tests never hold it, nor the capability."""
-    if not _pid_counter_supported() or os.geteuid() != 0:  # non-root: the capability does not survive bwrap's
+    if os.geteuid() != 0 or not _pid_counter_supported():  # non-root: the capability does not survive bwrap's
         return -1  # exec of the zygote in the user namespace (EPERM), so the pid counter is not set back there
     try:
         return os.open("/proc/sys/kernel/ns_last_pid", os.O_WRONLY | os.O_CLOEXEC)
