@@ -10,8 +10,10 @@ bwrap's part and the rest. Per sample: one `run_python_tests` with 16 tests (one
 against 16 bare subprocesses, one per test, as a code reward without the per-sample sandbox would run them.
 
 The sandbox's per-sample work is all in the measured call: its cgroup (where the machine allows one: created,
-capped, removed), the CPU-time metering of each test and the reset between tests (`KLEAR_SANDBOX_CGROUP=off`
-measures the fallback instead).
+capped, removed), the CPU-time metering of each test and the reset between tests, with the per-test isolation
+of issue 37 (the forker's two forks per test, the tmpfs counters moved on, the socket counts, each test reading
+its own section of the job; `KLEAR_SANDBOX_CGROUP=off` measures the fallback instead). To compare two versions
+in one run, run this script in turns under each version's PYTHONPATH (docs/design.md has the figures).
 
 Targets: per-sample ratio (sandbox / bare, wall time) <= 0.5; the CPU time beside it is less disturbed by other
 load on the machine. Both end the output as `RATIO <name> <value> TARGET <= 0.5` lines. Run:

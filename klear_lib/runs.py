@@ -4,7 +4,8 @@ A run directory is ``<output_root>/<notebook name>/<YYYYmmdd-HHMMSS>`` (``create
 
 ==================  ===========================================================================
 ``config.json``     the resolved run config (``write_run_metadata``), sorted keys
-``versions.json``   python, platform, the processor and the versions of the packages that shape a result
+``versions.json``   python, platform, the processor, the versions of the packages that shape a result, and
+                    ``sandbox``: how the code sandbox bounds a sample here (``cgroup v2``/``cgroup v1``/``none``)
 ``git.json``        ``{"commit", "dirty", "branch", "root"}`` of the checkout that ran
 ``metrics.jsonl``   one JSON object per line, appended as training goes (``MetricsWriter``)
 ``summary.json``    the run's final numbers (``write_summary``)
@@ -363,10 +364,12 @@ def cpu_record() -> dict[str, str]:
             "cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
 
 
-def write_run_metadata(run_dir: str | os.PathLike, config: Any) -> None:
+def write_run_metadata(run_dir: str | os.PathLike, config: Any, *, versions: Mapping[str, Any] | None = None) -> None:
     """Write config.json (the resolved config), versions.json and git.json into `run_dir`.
 
     `config` is a dataclass (nested dataclasses allowed) or a mapping; it is written with sorted keys.
+    `versions`: more facts about the machine for versions.json, from the layers above this one (the code
+    sandbox's mode: ``rewards.sandbox.sandbox_mode``, passed by every training run's start).
     """
     if not (dataclasses.is_dataclass(config) and not isinstance(config, type)) and not isinstance(
         config, Mapping
@@ -376,7 +379,7 @@ def write_run_metadata(run_dir: str | os.PathLike, config: Any) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_json(run_dir / CONFIG_FILE, config)
     versions = {"python": sys.version.split()[0], "platform": platform.platform(), **cpu_record(),
-                **package_versions()}
+                **package_versions(), **(versions or {})}
     _write_json(run_dir / VERSIONS_FILE, versions)
     _write_json(run_dir / GIT_FILE, git_info())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import types
 
@@ -308,3 +309,79 @@ def test_callers_wait_for_the_sandbox_deadline_of_their_most_tests():
     problems = [types.SimpleNamespace(tests=[{}] * 9)]
     limit = benchmarks._code_pool_options(problems, {"timeout_s": 2.0})["timeout_s"]
     assert limit > sandbox.sample_budget_s(9, 2.0)
+
+
+# --- one budget in every caller; no training on an uncounted sandbox unless asked ------------------------------
+
+def test_every_pool_of_the_code_reward_gives_a_sample_the_sandboxs_own_budget():
+    """The sandbox's deadline for 16 tests at 6 s: 10 s to start, then per test the 19 s wall backstop (3 x 6 + 1),
+    6 s of reset, 4 s of slack: 506 s; a pool adds 5 s for its worker. Before, `klear launch` gave 120 s."""
+    from klear_lib.rewards import sandbox
+    from klear_lib.train import code_jobs
+
+    assert sandbox.sample_budget_s(16, 6.0) == 506.0
+    assert code_reward.pool_limit_s() == 511.0 == code_reward.pool_limit_s(6.0, 16)
+    assert code_reward.pool_limit_s(0.5, 4) == 10 + 4 * (2.5 + 0.5 + 2 + 4) + 5  # 51 s
+    assert code_jobs.pool_limit_s(0.5) == code_reward.pool_limit_s(0.5)
+
+
+SLOW_TESTS = [{"input": f"{i}\n", "output": str(i * i)} for i in range(3)]
+# Right, but each test waits 0.8 s: 2.4 s of the sample's wall time at a CPU limit of 0.25 s per test (its wall
+# backstop is 1.75 s), which no limit derived from that per-test limit cuts short.
+SLOW_RIGHT = "<think>x</think>```python\nimport time\nn = int(input())\ntime.sleep(0.8)\nprint(n * n)\n```"
+SLOW_TIMEOUT_S = 0.25
+
+
+@needs_bwrap
+@pytest.mark.slow
+def test_a_correct_program_with_slow_tests_scores_1_through_launch_the_units_and_verl(monkeypatch):
+    from klear_lib.integrations import verl_reward
+    from klear_lib.rewards.pool import MemoPool, make_trl_reward_func
+    from klear_lib.train import code_jobs, launch
+
+    direct = score_code(SLOW_RIGHT, SLOW_TESTS, timeout_s=SLOW_TIMEOUT_S)
+    assert direct.score == 1.0, direct
+    reward, pool = launch.code_reward(launch.LaunchConfig(ability="code", reward_workers=1),
+                                      test_timeout_s=SLOW_TIMEOUT_S)
+    try:
+        assert pool.timeout_s == code_reward.pool_limit_s(SLOW_TIMEOUT_S)
+        assert reward([SLOW_RIGHT], tests=[SLOW_TESTS]) == [1.0], reward.last_results
+    finally:
+        pool.close()
+    with code_jobs.reward_pool(1, "signed", SLOW_TIMEOUT_S) as units_pool:  # as code_unit builds it
+        assert units_pool.timeout_s == code_jobs.pool_limit_s(SLOW_TIMEOUT_S)
+        units = make_trl_reward_func(MemoPool(units_pool), {"tests": "tests"}, "code_signed",
+                                     score_kwargs={"mode": "signed", "timeout_s": SLOW_TIMEOUT_S})
+        assert units([SLOW_RIGHT], tests=[SLOW_TESTS]) == [1.0], units.last_results
+    # verl grades code in its own thread, with no pool: the sandbox's budget is the only one
+    monkeypatch.setattr("klear_lib.rewards.code.score_code",
+                        lambda response, tests, **kw: score_code(response, tests, **kw, timeout_s=SLOW_TIMEOUT_S))
+    out = verl_reward.compute_score("coder1_longcot", SLOW_RIGHT, json.dumps(SLOW_TESTS))
+    assert out == {"score": 1.0, "acc": 1.0}
+
+
+def test_training_refuses_a_sandbox_without_a_cgroup_unless_asked_and_then_warns_once(monkeypatch, tmp_path):
+    from klear_lib import runs
+    from klear_lib.rewards import sandbox, sandbox_cgroup
+
+    monkeypatch.setenv(sandbox_cgroup.ENV_VAR, "off")
+    monkeypatch.delenv(sandbox.UNCOUNTED_ENV_VAR, raising=False)
+    monkeypatch.setattr(sandbox, "_uncounted_warned", False)
+    assert sandbox.sandbox_mode() == "none"
+    with pytest.raises(sandbox.SandboxUnavailableError, match="KLEAR_SANDBOX_ALLOW_NO_CGROUP=1"):
+        sandbox.require_metered("the test's trainer")
+    monkeypatch.setenv(sandbox.UNCOUNTED_ENV_VAR, "1")
+    with pytest.warns(sandbox.UncountedSandboxWarning, match="polled fallback") as caught:
+        assert sandbox.require_metered("the test's trainer") == "none"
+        assert sandbox.require_metered("the test's trainer") == "none"
+    assert len([w for w in caught if issubclass(w.category, sandbox.UncountedSandboxWarning)]) == 1  # once
+    from klear_lib import notebook
+
+    notebook.start_run("x", str(tmp_path), {"x": 1})  # every notebook run records the mode it ran under
+    assert json.loads((tmp_path / runs.VERSIONS_FILE).read_text())["sandbox"] == "none"
+    monkeypatch.setenv(sandbox_cgroup.ENV_VAR, "auto")
+    if sandbox_cgroup.setup() is not None:  # this machine gives samples a cgroup: no opt-in needed
+        monkeypatch.delenv(sandbox.UNCOUNTED_ENV_VAR)
+        assert sandbox.require_metered("the test's trainer") in ("cgroup v1", "cgroup v2")
+        notebook.start_run("x", str(tmp_path), {"x": 1})
+        assert json.loads((tmp_path / runs.VERSIONS_FILE).read_text())["sandbox"] == sandbox.sandbox_mode()

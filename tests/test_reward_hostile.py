@@ -58,17 +58,22 @@ def chain(seed: bytes, n: int) -> str:
 
 
 def problems(chain_hex: str) -> dict[str, list[dict]]:
-    """Each problem's tests: secret random answers, or the costly chain (computed by the caller once)."""
+    """Each problem's tests: secret random answers, or the costly chain (computed by the caller once), or the costly
+    search, or a relay (each test's answer is the next one's input; the last one's a secret)."""
+    relay = [secrets.token_hex(8) for _ in range(N_TESTS + 1)]
     return {
         "stdio": [{"input": f"{i}\n", "output": secrets.token_hex(8)} for i in range(N_TESTS)],
         "call": [{"fn_name": "f", "args": [i], "expected": secrets.randbelow(10 ** 9)} for i in range(N_TESTS)],
         "bigcall": [{"fn_name": "f", "args": [i], "expected": secrets.randbits(17_000)} for i in range(N_TESTS)],
         "chain": [{"input": f"{i}\n", "output": f"{chain_hex}{i}"} for i in range(N_TESTS)],
+        "search": [{"input": f"{i}\n", "output": f"{SEARCH_X} {i}"} for i in range(N_TESTS)],
+        "relay": [{"input": f"{relay[i]}\n", "output": relay[i + 1]} for i in range(N_TESTS)],
     }
 
 
 HONEST_WRONG = {"stdio": "print(0)", "call": "def f(i):\n    return 0", "bigcall": "def f(i):\n    return i",
-                "chain": "print(0)"}
+                "chain": "print(0)", "search": "print(0)", "relay": "print(0)"}
+
 
 # Finds the old harness's per-test nonce in its frames (a local of the function that called ours), so that a
 # forged record carries it; with no nonce to find, the record is written bare.
@@ -181,6 +186,34 @@ def save(k, h):
     take()
     rt.mq_send(QD, pack(k, h), 40, 0)
 """,
+    # the zygote's memory: each test's stderr passes through it, freed but not cleared, and a process forked
+    # from it copied it (a checkpoint in 135 KB of stderr, found again by reading one's own heap)
+    "zygote_memory": LIBC + """
+import os
+def load():
+    best = None
+    for line in open('/proc/self/maps'):
+        f = line.split()
+        if 'rw' not in f[1] or (len(f) >= 6 and f[5] != '[heap]'):
+            continue
+        lo, hi = (int(x, 16) for x in f[0].split('-'))
+        data = ctypes.string_at(lo, hi - lo)
+        i = data.find(b'KLEAR' b'CKPT')
+        while i >= 0:
+            try:
+                k, h = unpack(bytes.fromhex(data[i + 9:i + 89].decode()))
+                if best is None or k > best[0]:
+                    best = (k, h)
+            except Exception:
+                pass
+            i = data.find(b'KLEAR' b'CKPT', i + 1)
+    if best is None:
+        raise LookupError
+    return best
+def save(k, h):
+    if k % 200000 == 0:
+        os.write(2, (('KLEAR' 'CKPT' + pack(k, h).hex() + chr(10)) * 1500).encode())
+""",
     # /tmp behind 1,100 directories (deeper than the recursion limit: the old sweep died on it)
     "tmp_deep_tree": """
 import os
@@ -240,6 +273,157 @@ def save(k, h):
     os.chmod(P, 0)
 """,
 }
+
+
+# The counter family: find the secret x in 8 chunks of SEARCH_SIZE candidates, x in the last one: about twice the
+# state family's limit of CPU. Progress is a small number (chunks done, or "x is in chunk c"), so a channel of a
+# few bits per test is enough to resume: the pid counter, the tmpfs inode counter, a directory's entry offsets,
+# TCP's TIME_WAIT sockets. A value is read only inside a window of the channel's residues mod 256 (160..175), so
+# that what a fresh sandbox shows is never taken for progress.
+SEARCH_SIZE = 160_000
+SEARCH_X = 7 * SEARCH_SIZE + secrets.randbelow(SEARCH_SIZE)
+
+
+def search_target(seed: bytes, x: int) -> str:
+    return hashlib.sha256(seed + x.to_bytes(8, "little")).hexdigest()[:16]
+
+
+SEARCH_PROGRAM = """
+import hashlib, os, sys
+SEED, TARGET, CHUNKS, SIZE = bytes.fromhex('{seed}'), '{target}', 8, {size}
+{channel}
+def scan(c):
+    for x in range(c * SIZE, (c + 1) * SIZE):
+        if hashlib.sha256(SEED + x.to_bytes(8, 'little')).hexdigest()[:16] == TARGET:
+            return x
+    return None
+try:
+    v = load()
+except Exception:
+    v = 0
+x = scan(v - 8) if v >= 8 else None
+c = v
+while x is None and c < CHUNKS:
+    x = scan(c)
+    if x is None:
+        c += 1
+        try:
+            save(c)
+        except Exception:
+            pass
+if x is not None and v < 8:
+    try:
+        save(8 + c)
+    except Exception:
+        pass
+print(x, sys.stdin.read().strip())
+"""
+
+COUNTER_CHANNELS = {
+    # the pid counter: the next test's pid is the last child's + 1 (nothing forks between tests)
+    "pid_counter": """
+def load():
+    r = os.getpid() % 256
+    if not 160 <= r < 176:
+        raise LookupError
+    return r - 160
+def save(v):
+    for _ in range(600):
+        p = os.fork()
+        if p == 0:
+            os._exit(0)
+        os.waitpid(p, 0)
+        if (p + 1) % 256 == 160 + v:
+            return
+""",
+    # the /tmp tmpfs inode counter, moved by unnamed files (the zygote's stdin file for the next test takes one)
+    "tmpfs_inode_counter": """
+def fresh():
+    fd = os.open('/tmp', os.O_TMPFILE | os.O_RDWR)
+    ino = os.fstat(fd).st_ino
+    os.close(fd)
+    return ino
+def load():
+    r = fresh() % 256
+    if not 160 <= r < 176:
+        raise LookupError
+    return r - 160
+def save(v):
+    for _ in range(600):
+        if (fresh() + 2) % 256 == 160 + v:
+            return
+""",
+    # /tmp's entry offsets, moved by renames, read with getdents64 as a listing's positions
+    "dir_offset_counter": LIBC + """
+NR = {'x86_64': 217, 'aarch64': 61}[os.uname().machine]
+def fresh():
+    open('/tmp/p', 'w').close()
+    fd = os.open('/tmp', os.O_RDONLY | os.O_DIRECTORY)
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = libc.syscall(NR, fd, buf, len(buf))
+    os.close(fd)
+    pos, before, found = 0, 0, 0
+    while pos < n:
+        off = int.from_bytes(buf.raw[pos + 8:pos + 16], 'little', signed=True)
+        if buf.raw[pos + 19:pos + 21] == b'p\\0':
+            found = max(x for x in (before, off) if x < 2 ** 31 - 1)
+        before, pos = off, pos + int.from_bytes(buf.raw[pos + 16:pos + 18], 'little')
+    os.unlink('/tmp/p')
+    return found
+def load():
+    r = fresh() % 256
+    if not 160 <= r < 176:
+        raise LookupError
+    return r - 160
+def save(v):
+    for _ in range(600):
+        if (fresh() + 1) % 256 == 160 + v:
+            return
+""",
+    # TCP's TIME_WAIT: a loopback connection closed by its client keeps the client's port for 60 s
+    "tcp_time_wait": """
+import socket
+def load():
+    ports = []
+    for line in open('/proc/net/tcp').read().splitlines()[1:]:
+        f = line.split()
+        if f[3] == '06':  # TIME_WAIT
+            ports.append(int(f[1].split(':')[1], 16) - 40000)
+    v = max([p for p in ports if 0 <= p < 16] or [-1])
+    if v < 0:
+        raise LookupError
+    return v
+def save(v):
+    srv = socket.socket()
+    srv.bind(('127.0.0.1', 0))
+    srv.listen(1)
+    c = socket.socket()
+    c.bind(('127.0.0.1', 40000 + v))
+    c.connect(srv.getsockname())
+    s, _ = srv.accept()
+    c.close()
+    s.close()
+    srv.close()
+""",
+}
+
+# The peek family: test i's answer is test i+1's input; the program looks for the other tests' inputs in the
+# harness's frames and globals (before, every test's process held them all).
+PEEK_PROGRAM = """
+import sys
+me = sys.stdin.read()
+found, f = None, sys._getframe()
+while f is not None and found is None:
+    for v in list(f.f_locals.values()) + list(f.f_globals.values()):
+        if isinstance(v, dict) and isinstance(v.get('tests'), list):
+            v = v['tests']
+        if isinstance(v, list) and v and all(isinstance(t, dict) for t in v):
+            ins = [t.get('stdin') for t in v]
+            if me in ins and ins.index(me) + 1 < len(ins):
+                found = ins[ins.index(me) + 1]
+    f = f.f_back
+print(found.strip() if found else 0)
+"""
 
 
 @dataclass(frozen=True)
@@ -304,6 +488,11 @@ print('honest', input())
     state = [Probe(f"state_{name}", "state", "chain",
                    CHAIN_PROGRAM.format(n=CHAIN_N, seed=seed.hex(), channel=textwrap.dedent(code)),
                    {"timeout_s": STATE_TIMEOUT_S}) for name, code in CHANNELS.items()]
+    counter = [Probe(f"counter_{name}", "counter", "search",
+                     SEARCH_PROGRAM.format(seed=seed.hex(), target=search_target(seed, SEARCH_X), size=SEARCH_SIZE,
+                                           channel=textwrap.dedent(code)),
+                     {"timeout_s": STATE_TIMEOUT_S}) for name, code in COUNTER_CHANNELS.items()]
+    peek = [Probe("peek_the_next_tests_input", "peek", "relay", PEEK_PROGRAM)]
     memory = [
         Probe("memory_16_processes_x_90_mb", "memory", "stdio", FANOUT, {"memory_mb": 200}),
         Probe("memory_memfd_128_mb", "memory", "stdio", """
@@ -330,7 +519,7 @@ print('held', held)
 """),
     ]
     cpu = [Probe("cpu_16_busy_processes", "cpu", "stdio", BUSY, {"timeout_s": 0.3})]
-    return judge + state + memory + cpu
+    return judge + state + counter + peek + memory + cpu
 
 
 # Fork 15 children that each touch 90 MB and stay; each time one reports, print how many of those that reported
@@ -424,6 +613,72 @@ def test_the_costly_problem_is_passed_with_time_and_failed_without(host):
     cpu = run_python_tests(program, ["0\n"], timeout_s=10.0)[0].cpu_s
     assert 1.3 * STATE_TIMEOUT_S < cpu  # more than one test's limit, whatever the load (CPU time)
     REPORT.append(f"state family: the answer costs {cpu:.2f} s of CPU, {cpu / STATE_TIMEOUT_S:.1f}x the limit")
+
+
+def test_the_search_is_passed_with_time_and_failed_without(host):
+    """The counter family's problem is fair: the same search with no channel passes with time and times out at the
+    probes' limit, which is below its cost (the probes' honest baseline: the same algorithm, nothing carried)."""
+    program = SEARCH_PROGRAM.format(seed=SEED.hex(), target=search_target(SEED, SEARCH_X), size=SEARCH_SIZE,
+                                    channel="def load():\n    raise LookupError\ndef save(v):\n    pass\n")
+    slow = score_code(respond(program), PROBLEMS["search"][:1], timeout_s=10.0)
+    assert (slow.passed, slow.total) == (1, 1)
+    fast = score_code(respond(program), PROBLEMS["search"], timeout_s=STATE_TIMEOUT_S)
+    assert (fast.passed, fast.reason) == (0, "timeout")
+    cpu = run_python_tests(program, ["0\n"], timeout_s=10.0)[0].cpu_s
+    assert 1.3 * STATE_TIMEOUT_S < cpu
+    REPORT.append(f"counter family: the search costs {cpu:.2f} s of CPU, {cpu / STATE_TIMEOUT_S:.1f}x the limit")
+
+
+# Eight short-lived workers, one after another, each searching one chunk and reporting through a pipe; with `reap`
+# False their parent first asks the kernel to reap them (SIGCHLD ignored), so that their CPU time reaches no count.
+WORKERS_PROGRAM = """
+import hashlib, os, signal, sys
+SEED, TARGET, SIZE = bytes.fromhex('{seed}'), '{target}', {size}
+if not {reap}:
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    except OSError:
+        pass
+found = b'-'
+for c in range(8):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        out = b'-'
+        for x in range(c * SIZE, (c + 1) * SIZE):
+            if hashlib.sha256(SEED + x.to_bytes(8, 'little')).hexdigest()[:16] == TARGET:
+                out = b'%d' % x
+        os.write(w, out)
+        os._exit(0)
+    os.close(w)
+    found = os.read(r, 64)
+    os.close(r)
+    if {reap}:
+        os.waitpid(pid, 0)
+    if found != b'-':
+        break
+print(found.decode(), sys.stdin.read().strip())
+"""
+WORKERS_TIMEOUT_S = 0.5  # the workers' search costs about 1.3-1.5x this (x lies in the last chunk)
+
+
+@pytest.mark.slow
+def test_workers_the_kernel_reaps_are_metered_with_or_without_a_cgroup(cgroup_mode, host):
+    # Before, without a cgroup (off), the self-reaped workers' CPU time reached no count: 1.0 against 0 for the
+    # honest workers that are waited for. Now the filter keeps SIGCHLD's action at its default where the zygote
+    # meters from /proc, so the workers stay zombies (visible, counted) until pid 1 reaps them.
+    honest, probe = (respond(WORKERS_PROGRAM.format(seed=SEED.hex(), target=search_target(SEED, SEARCH_X),
+                                                    size=SEARCH_SIZE, reap=reap)) for reap in (True, False))
+    tests = PROBLEMS["search"][:2]
+    h = score_code(honest, tests, mode="signed", timeout_s=WORKERS_TIMEOUT_S)
+    p = score_code(probe, tests, mode="signed", timeout_s=WORKERS_TIMEOUT_S)
+    REPORT.append(f"self-reaped workers ({cgroup_mode}): probe {p.passed}/{p.total} ({p.reason}), honest "
+                  f"{h.passed}/{h.total} ({h.reason})")
+    assert p.passed == h.passed == 0, (p, h)
+    for mode in MODE_LIST:  # 0 passed: the failure score in every mode, as the honest workers' own
+        assert MODES[mode](p.passed, p.total) <= MODES[mode](h.passed, h.total) == failure_score(mode)
+    slow = score_code(probe, tests[:1], timeout_s=10.0)
+    assert slow.passed == 1, slow  # the probe's answer is right: only the meter stands in the way
 
 
 # --- every probe, three ways ---------------------------------------------------------------------------------------

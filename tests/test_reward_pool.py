@@ -4,9 +4,11 @@ memory, start failures, groups, cleanup, the TRL adapter."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
 import textwrap
@@ -620,7 +622,73 @@ def test_memo_keys_of_integers_past_the_decimal_conversion_limit():
     big = 7 ** 6000  # 5,071 digits
     k1 = MemoPool.key({"tests": [{"expected": big}], "response": "x"})
     k2 = MemoPool.key({"tests": [{"expected": big + 1}], "response": "x"})
-    assert k1 != k2 and MemoPool.key({"tests": [{"expected": 5}]}) == '{"tests": [{"expected": 5}]}'
+    assert k1 != k2 and MemoPool.key({"tests": [{"expected": 5}]}) == '{s"tests":[{s"expected":i5;}]}'
+
+
+def _middle_differs() -> tuple[int, int]:
+    """Two 4,500-digit integers that differ only in their 2,250th digit (the old key showed 12 + 6 digits)."""
+    a = int("9" + "1234567890" * 449 + "123456789")
+    b = a + 10 ** 2250
+    assert len(str(a)) == len(str(b)) == 4500 and str(a)[:2000] == str(b)[:2000] and str(a)[-2000:] == str(b)[-2000:]
+    return a, b
+
+
+def test_memo_keys_hold_every_digit_and_every_type_and_never_raise():
+    from klear_lib.rewards.code import parse_tests
+
+    with _no_int_limit():
+        a, b = _middle_differs()
+        ta, tb = (parse_tests('[{"fn_name": "f", "args": [], "expected": %d}]' % n) for n in (a, b))
+    assert type(ta[0]["expected"]).__name__ == "LongInt"  # as a record's ground truth arrives
+    assert MemoPool.key({"tests": ta}) != MemoPool.key({"tests": tb})
+    assert MemoPool.key({"v": a}) != MemoPool.key({"v": b})  # plain ints past the limit too
+    # Types stay apart, and mixed dict keys neither raise nor merge.
+    keys = [MemoPool.key({"v": v}) for v in (1, 1.0, True, "1", [1], (1,), None, {1: 2}, {"1": 2})]
+    assert len(set(keys)) == len(keys) - 1 and keys[4] == keys[5]  # a tuple is the list it arrives as
+    assert MemoPool.key({"args": {1: "x", "1": "y"}}) != MemoPool.key({"args": {1: "y", "1": "x"}})
+    assert MemoPool.key({"a": 1, "b": 2}) == MemoPool.key({"b": 2, "a": 1})
+    # A string cannot impersonate the punctuation of a structure.
+    assert MemoPool.key({"v": ["a", "b"]}) != MemoPool.key({"v": ['a",s"b']})
+    assert MemoPool.key({"v": object()}) is None  # no exact text: judged every time, never memoised
+
+
+@contextlib.contextmanager
+def _no_int_limit():
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        yield
+    finally:
+        sys.set_int_max_str_digits(old)
+
+
+class _InlineCodePool:
+    """score_code in this process: MemoPool's pool for a test that needs no worker processes."""
+
+    def __init__(self):
+        self.judged = 0
+
+    def score_batch(self, items):
+        from klear_lib.rewards.code import score_code
+
+        self.judged += len(items)
+        return [score_code(**it) for it in items]
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_two_huge_answers_that_differ_in_the_middle_are_judged_apart_through_the_units_wiring():
+    """Before, both problems' tests had one memo key (a LongInt written as its first 12 and last 6 digits): the
+    right answer to the first problem scored 1.0 on the second."""
+    from klear_lib.rewards.code import parse_tests
+
+    with _no_int_limit():
+        a, b = _middle_differs()
+        tests = {n: parse_tests('[{"fn_name": "f", "args": [], "expected": %d}]' % n) for n in (a, b)}
+        response = f"<think>x</think>```python\ndef f():\n    return int('{a}')\n```"
+    inner = _InlineCodePool()
+    reward = make_trl_reward_func(MemoPool(inner), {"tests": "tests"}, "code_soft", score_kwargs={"mode": "soft"})
+    assert reward([response, response], tests=[tests[a], tests[b]]) == [1.0, 0.0]
+    assert inner.judged == 2 and reward([response], tests=[tests[b]]) == [0.0]  # the memo keeps each apart
 
 
 def test_a_task_acknowledged_after_a_later_one_is_not_taken_for_lost():

@@ -124,8 +124,8 @@ def test_a_daemon_left_by_one_test_is_gone_before_the_next():
         print(sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
     """)
     first, second = run_python_tests(program, ["spawn", "look"], timeout_s=5)
-    assert len(json.loads(first.stdout)) >= 3  # pid 1, the test, its daemon (its first child may be a zombie)
-    assert json.loads(second.stdout) == [1, json.loads(second.stdout)[1]]  # pid 1 and the test itself
+    assert len(json.loads(first.stdout)) >= 4  # pid 1, the forker, the test, its daemon (its first child may be a
+    assert json.loads(second.stdout) == json.loads(first.stdout)[:3]  # zombie); then pid 1, the forker, the test
 
 
 @needs_bwrap
@@ -373,7 +373,7 @@ def test_each_test_finds_the_sandbox_as_the_first_one_did():
         if sys.stdin.read() == 'poison':
             open('/tmp/main.py').read()  # moves its access time
             os.chdir('/tmp')
-            for _ in range(1500):
+            for _ in range(20):  # deeper trees are `_empty`'s test; past the counters' quota the reset refuses
                 os.mkdir('d'); os.chdir('d')
             open('state', 'w').write('1')
             os.mkdir('/dev/shm/locked'); open('/dev/shm/locked/f', 'w').write('1'); os.chmod('/dev/shm/locked', 0)
@@ -384,6 +384,62 @@ def test_each_test_finds_the_sandbox_as_the_first_one_did():
     assert first.ok, first.stderr
     assert second.stdout == first.stdout  # the same listing, modes and timestamps; the same refusals
     assert second.stdout.splitlines()[1:] == ["['main.py'] []", "-1 -1 -1 1"]
+
+
+@needs_bwrap
+def test_every_test_finds_the_same_pids_inode_numbers_and_entry_offsets():
+    # The counters emptying /tmp does not set back, read as a program would: its own pid, its children's, the
+    # inode number and the directory position of a new file, in /tmp and /dev/shm. Test 0 moves them all by
+    # different amounts (k forks, k unnamed files, k renames); test 1 repeats. Before, each of them carried k.
+    import ctypes
+
+    program = textwrap.dedent("""
+        import ctypes, os, sys
+        libc = ctypes.CDLL(None, use_errno=True)
+        def position(d):  # the position getdents64 gives the entry just made (as _Counters reads it)
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+            buf = ctypes.create_string_buffer(1 << 16)
+            n = libc.syscall(GETDENTS64, fd, buf, len(buf))
+            os.close(fd)
+            out, pos = [], 0
+            while pos < n:
+                out.append(int.from_bytes(buf.raw[pos + 8:pos + 16], 'little', signed=True))
+                pos += int.from_bytes(buf.raw[pos + 16:pos + 18], 'little')
+            return out
+        k = int(sys.stdin.read())
+        seen = [os.getpid()]
+        for _ in range(k):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+        for d in ('/tmp', '/dev/shm'):
+            fd = os.open(d, os.O_TMPFILE | os.O_RDWR)
+            seen.append(os.fstat(fd).st_ino)
+            os.close(fd)
+            open(d + '/f', 'w').close()
+            seen.append(position(d))
+            for i in range(k):
+                os.rename(d + '/f', d + '/g') if i % 2 == 0 else os.rename(d + '/g', d + '/f')
+                os.close(os.open(d, os.O_TMPFILE | os.O_RDWR))
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print(seen, pid)
+    """).replace("GETDENTS64", str({"x86_64": 217, "aarch64": 61}[os.uname().machine]))
+    assert ctypes  # the program needs it inside the sandbox, as the zygote does
+    runs = [run_python_tests(program, [first, "0\n"], timeout_s=5) for first in ("0\n", "7\n", "20\n")]
+    assert all(r.ok for run in runs for r in run), [r.stderr[-300:] for run in runs for r in run]
+    after = [run[1].stdout for run in runs]
+    assert after[0] == after[1] == after[2], after  # test 1 finds the same, whatever test 0 moved
+    pids = {run[i].stdout.split(",")[0] for run in runs for i in (0, 1)}
+    assert len(pids) == 1 or os.geteuid() != 0, pids  # as root every test has the same pid
+    # More than the quota in one test: the sandbox is not reset, no further test runs.
+    over = run_python_tests("import os, sys\nfor _ in range(int(sys.stdin.read())):\n"
+                            "    os.close(os.open('/tmp', os.O_TMPFILE | os.O_RDWR))\n", ["100", "0"], timeout_s=5)
+    assert over[0].ok and "not run: the sandbox could not be reset" in over[1].stderr
+    assert "more than" in over[1].stderr
 
 
 @needs_bwrap

@@ -7,7 +7,10 @@
 of tests, read with ``klear_lib.rewards.code.parse_tests`` (integers of any size). ``score_code`` never raises
 on a response (whatever its program does, a failure scores the mode's ``failure_score``, the score of an honest
 wrong answer), so one hostile response cannot end verl's step, whose reward loop catches only timeouts; a
-malformed ground truth (a data error) or a machine that cannot sandbox still raises, naming it.
+malformed ground truth (a data error) or a machine that cannot sandbox still raises, naming it; so does a machine
+where the sandbox cannot make a cgroup (its CPU time and memory only polled), unless
+``KLEAR_SANDBOX_ALLOW_NO_CGROUP=1`` opts in (``sandbox.require_metered``). Code is graded in the calling thread,
+with no pool, so no limit of ours can cut a slow but correct sample short of the sandbox's own budget.
 
 It returns ``{"score": s, "acc": 1.0 if s == FULL_SCORE else 0.0}``. verl 0.9.1's reward loop puts ``score`` into
 ``rm_scores`` (the reward) and every key of the dict into the trajectory's ``reward_extra_info``, which is what
@@ -78,7 +81,9 @@ def _score(data_source, solution_str, ground_truth, extra_info) -> float:
     ability = (extra_info or {}).get("ability", "") if isinstance(extra_info, dict) else ""
     if is_code_record(str(data_source), str(ability)):
         from klear_lib.rewards.code import parse_tests, score_code
+        from klear_lib.rewards.sandbox import require_metered
 
+        require_metered("verl's code reward")  # raises without a cgroup unless opted in; warns once if opted in
         tests = parse_tests(ground_truth) if isinstance(ground_truth, (str, bytes)) else ground_truth
         return score_code(solution_str, tests, mode=os.environ.get("KLEAR_CODE_REWARD", "soft")).score
     if threading.current_thread() is threading.main_thread():

@@ -84,6 +84,23 @@ def failure_score(mode: str) -> float:
     return FAILURE_SCORES[mode]
 
 
+POOL_START_S = 5.0  # a reward pool worker's own start-up on top of the sandbox's deadline, in `pool_limit_s`
+
+
+def pool_limit_s(timeout_s: float | None = None, max_tests: int | None = None) -> float:
+    """The limit per sample that every reward pool of ``score_code`` must give (``RewardPool(timeout_s=...)``):
+    the sandbox's own deadline for ``max_tests`` tests at ``timeout_s`` seconds of CPU each
+    (``sandbox.sample_budget_s``; both default to ``CodeRewardOptions``'), plus ``POOL_START_S``. A slow
+    program is then judged by the sandbox (its tests time out: an honest wrong answer with its reason), never
+    abandoned by the pool, and a correct program with slow tests is never scored ``timeout``. At the defaults
+    (16 tests, 6 s): 10 + 16 x (19 + 6 + 2 + 4) + 5 = 511 s."""
+    from klear_lib.rewards.sandbox import sample_budget_s
+
+    defaults = CodeRewardOptions()
+    return sample_budget_s(defaults.max_tests if max_tests is None else max_tests,
+                           defaults.timeout_s if timeout_s is None else timeout_s) + POOL_START_S
+
+
 OUTPUT_CAP_FLOOR = 1 << 20  # see `output_cap`
 _FENCE = re.compile(r"```[ \t]*(?:python3|python|py)[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
 

@@ -659,7 +659,8 @@ class MemoPool:
     kept, so the next identical item is judged again. A judge with randomness or wall-clock dependence would get
     its first answer every time: do not use it there.
 
-    ``judged`` counts the items sent to the pool, ``hits`` those answered from the memo.
+    ``judged`` counts the items sent to the pool, ``hits`` those answered from the memo. An item holding a value
+    ``key`` cannot write exactly (an object of another type) is judged every time, never answered from the memo.
     """
 
     def __init__(self, pool, *, uncached=("timeout", *POOL_REASONS)):
@@ -670,16 +671,19 @@ class MemoPool:
         self.hits = 0
 
     @staticmethod
-    def key(item: Mapping) -> str:
-        """The item as canonical JSON (keys sorted); integers past Python's decimal-conversion limit (4,300 digits,
-        where ``json.dumps`` raises) are written in hexadecimal, which has no such limit."""
-        import json
-
-        return json.dumps(_hex_big_ints(item), sort_keys=True, default=str)
+    def key(item: Mapping) -> str | None:
+        """The item's full text, one way only (`canonical`): two items share a key only when every value in
+        them is equal, integers of any size and `sandbox_json.LongInt`s digit for digit. None when a value has
+        no exact text (the item is then judged, never memoised)."""
+        try:
+            return canonical(item)
+        except TypeError:
+            return None
 
     def score_batch(self, items: Sequence[Mapping]) -> list[RewardResult]:
         keys = [self.key(it) for it in items]
-        todo: dict[str, Mapping] = {}
+        keys = [k if k is not None else (None, i) for i, k in enumerate(keys)]  # no exact key: judged alone
+        todo: dict = {}
         for k, it in zip(keys, items):
             if k not in self.memo and k not in todo:
                 todo[k] = it
@@ -687,7 +691,7 @@ class MemoPool:
         self.judged += len(todo)
         self.hits += len(items) - len(todo)
         for k, r in fresh.items():
-            if r.reason not in self.uncached:
+            if r.reason not in self.uncached and isinstance(k, str):
                 self.memo[k] = r
         return [fresh[k] if k in fresh else self.memo[k] for k in keys]
 
@@ -769,11 +773,58 @@ def make_trl_reward_func(pool: RewardPool, fields: Mapping[str, str], name: str,
     return reward_func
 
 
-def _hex_big_ints(obj):
-    if isinstance(obj, int) and not isinstance(obj, bool) and obj.bit_length() > 13_000:  # > ~3,900 digits
-        return {"int_hex": format(obj, "x")}
-    if isinstance(obj, Mapping):
-        return {k: _hex_big_ints(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_hex_big_ints(v) for v in obj]
-    return obj
+def canonical(value) -> str:
+    """One text per value, never the same text for two different values: each value is tagged with its type
+    (so 1, 1.0, True and "1" differ), strings are JSON-escaped, integers written in full (decimal, or hexadecimal
+    past Python's 4,300-digit conversion limit, under another tag), `LongInt`s by all their digits, floats by
+    their shortest exact repr, and a mapping's pairs sorted by their keys' own canonical text (so int and str
+    keys mix without raising, and never merge: ``{1: x}`` and ``{"1": x}`` differ). Lists and tuples are
+    sequences alike. TypeError for a value of any other type (its text could be lossy)."""
+    import json
+
+    from klear_lib.rewards.sandbox_json import LongInt
+
+    out: list[str] = []
+    stack: list = [value]
+    while stack:  # an explicit stack: a deeply nested item cannot raise RecursionError here
+        v = stack.pop()
+        if isinstance(v, _Mark):
+            out.append(v.text)
+        elif v is None or isinstance(v, bool):
+            out.append({None: "n", True: "t", False: "f"}[v])
+        elif isinstance(v, int):
+            out.append(f"i{v};" if v.bit_length() < 13_000 else f"x{v:x};")  # < 3,914 digits: str() is safe
+        elif isinstance(v, LongInt):
+            out.append(f"L{v.text};")
+        elif isinstance(v, float):
+            out.append(f"d{v!r};")
+        elif isinstance(v, str):
+            out.append("s" + json.dumps(v))
+        elif isinstance(v, (bytes, bytearray)):
+            out.append(f"b{bytes(v).hex()};")
+        elif isinstance(v, (list, tuple)):
+            stack.append(_Mark("]"))
+            for i in range(len(v) - 1, -1, -1):
+                stack.append(v[i])
+                if i:
+                    stack.append(_Mark(","))
+            stack.append(_Mark("["))
+        elif isinstance(v, Mapping):
+            pairs = sorted(((canonical(k), x) for k, x in v.items()), key=lambda p: p[0])
+            stack.append(_Mark("}"))
+            for i in range(len(pairs) - 1, -1, -1):
+                stack.append(pairs[i][1])
+                stack.append(_Mark(("," if i else "") + pairs[i][0] + ":"))
+            stack.append(_Mark("{"))
+        else:
+            raise TypeError(f"no exact text for a {type(v).__name__}")
+    return "".join(out)
+
+
+class _Mark:
+    """Punctuation on `canonical`'s stack (never confused with a value: every value is tagged)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text

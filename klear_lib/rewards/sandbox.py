@@ -30,8 +30,12 @@ allows one (`sandbox_cgroup`, which also gives each sample an equal share of the
 zygote. The whole sandbox has a backstop deadline on the host, at which its pid 1 is killed, which takes every
 process in the namespace with it (double-forked, setsid'd daemons included).
 
-Fresh state. Each test finds /tmp and /dev/shm empty and as the first test found them, and no IPC object: the
-zygote resets the sandbox after each test or runs no further test in it (`sandbox_zygote`).
+Fresh state. Each test finds /tmp and /dev/shm empty and as the first test found them (their inode and entry
+counters included), no IPC object, no socket in /proc/net, the same pids, and only its own test in memory: the
+zygote resets the sandbox after each test or runs no further test in it (`sandbox_zygote`). Where no cgroup
+counts CPU time, the seccomp filter keeps SIGCHLD's action at its default (`seccomp`), so that no child the
+kernel reaps itself escapes the zygote's /proc meter; training refuses such a sandbox unless
+$KLEAR_SANDBOX_ALLOW_NO_CGROUP=1 (`require_metered`), and every run records the mode (`sandbox_mode`).
 
 Reaping. bwrap runs with `--as-pid-1`: our zygote is the namespace's init and bwrap waits for it directly.
 Without it, bwrap's own init reports the program's exit through an eventfd and bwrap exits at once, without
@@ -76,6 +80,7 @@ from klear_lib.rewards.sandbox_exec import SANDBOX_ENV, Killer, Raw, execute
 from klear_lib.rewards.sandbox_root import interpreter_files, is_under, root_argv
 
 UNSAFE_ENV_VAR = "KLEAR_UNSAFE_NO_SANDBOX"
+UNCOUNTED_ENV_VAR = "KLEAR_SANDBOX_ALLOW_NO_CGROUP"  # training's opt-in to a sandbox without a cgroup
 MIN_BWRAP_VERSION = (0, 8, 0)  # --disable-userns (0.8), --size (0.7), --json-status-fd and --perms on tmpfs
 # As root each test runs as one random uid/gid of this range per sandbox: never a real account, and (almost
 # surely) distinct from every concurrent sandbox, so each sandbox has its own RLIMIT_NPROC budget.
@@ -94,6 +99,10 @@ class SandboxUnavailableError(RuntimeError):
 
 class UnsafeSandboxWarning(RuntimeWarning):
     """Untrusted code is being run without a sandbox."""
+
+
+class UncountedSandboxWarning(RuntimeWarning):
+    """Training scores programs in a sandbox without a cgroup (opted in with $KLEAR_SANDBOX_ALLOW_NO_CGROUP)."""
 
 
 # Shown on every call, not once per call site: running model-written code unsandboxed must never go unnoticed.
@@ -192,7 +201,7 @@ def run_python_tests(
     stdin_room = max((len(t["stdin"].encode()) for t in specs if "stdin" in t), default=0)
     stdin_room = -(-stdin_room // 4096) * 4096 + 4096
     job = {"program": program, "tests": specs, "timeout_s": timeout_s, "wall_s": wall_s, "reset_s": reset_s,
-           "cap": max_output_bytes, "preimport": True, "cpu_fd": -1, "cpu_v": 0, "oom_fd": -1,
+           "cap": max_output_bytes, "preimport": True, "cpu_fd": -1, "cpu_v": 0, "oom_fd": -1, "pid_fd": -1,
            "mem_cap": sample_mb << 20,
            "limits": [math.ceil(timeout_s) + 1, memory_mb << 20, max_processes, max_file_mb << 20, max_open_files]}
     budget = sample_budget_s(len(specs), timeout_s, wall_timeout_s=wall_s)
@@ -216,21 +225,26 @@ def run_python_tests(
                                       f"{sandbox_cgroup.ENV_VAR}=off") from e
     if cgroup is not None:  # the kernel caps the sample's memory; the zygote reads its counters
         job.update(cpu_fd=cgroup.cpu_fd, cpu_v=cgroup.cpu_version, oom_fd=cgroup.oom_fd, mem_cap=0)
+    pid_fd = _ns_last_pid_fd()  # the zygote sets the sandbox's pid counter back before each test
+    if pid_fd >= 0:
+        job["pid_fd"] = pid_fd
     job_fd = _memfd("klear-job", _zygote_input(python, job))  # the zygote's stdin
     code_fd = _memfd("klear-main-py", program.encode())  # bwrap copies it to /tmp/main.py (--file)
-    filter_fd = _memfd("klear-seccomp", _seccomp_filter())  # bwrap reads it (--seccomp)
+    # Without the cgroup's CPU counter the zygote sums /proc, which misses children the kernel reaps itself.
+    filter_fd = _memfd("klear-seccomp", _seccomp_filter(fixed_sigchld=job["cpu_fd"] < 0))  # bwrap reads it
     status_r, status_w = os.pipe()  # bwrap's --json-status-fd: the zygote's pid, and whether the sandbox started
     try:
-        argv = _bwrap_argv(bwrap, python, code_fd, filter_fd, status_w, tmpfs_mb << 20, hide_paths, stdin_room)
+        argv = _bwrap_argv(bwrap, python, code_fd, filter_fd, status_w, tmpfs_mb << 20, hide_paths, stdin_room,
+                           pid_counter=pid_fd >= 0)
         argv += [python, "-I", "-S", "-c", sandbox_zygote.BOOTSTRAP]
-        fds = (code_fd, filter_fd, status_w)
+        fds = (code_fd, filter_fd, status_w) + ((pid_fd,) if pid_fd >= 0 else ())
         if cgroup is not None:
             argv, fds = cgroup.wrap(argv), fds + cgroup.fds
         killer = Killer(status_r)
         raw = execute(argv, job_fd, budget, _stream_cap(job), killer, pass_fds=fds)
         started = killer.init_pid is not None
     finally:
-        for fd in (job_fd, code_fd, filter_fd, status_r, status_w):
+        for fd in (job_fd, code_fd, filter_fd, status_r, status_w) + ((pid_fd,) if pid_fd >= 0 else ()):
             os.close(fd)
         if cgroup is not None:
             cgroup.close()
@@ -264,6 +278,42 @@ def sandbox_status() -> dict:
             "call_s": round(time.monotonic() - t0, 4), "cgroup": sandbox_cgroup.status()}
 
 
+def sandbox_mode() -> str:
+    """How this process's samples are bounded: ``cgroup v2``, ``cgroup v1`` (memory capped and CPU time counted
+    by the kernel) or ``none`` (the zygote polls both: `sandbox_cgroup`); recorded in every run's
+    ``versions.json``. Never raises."""
+    try:
+        return sandbox_cgroup.status()["mode"]
+    except Exception as e:  # noqa: BLE001 - a record, not a check: say what happened instead of failing the run
+        return f"unknown ({type(e).__name__}: {e})"
+
+
+_uncounted_warned = False
+
+
+def require_metered(who: str) -> str:
+    """Training's check before it scores any program: the sandbox mode (`sandbox_mode`), or
+    `SandboxUnavailableError` where no cgroup can be made, unless ${UNCOUNTED_ENV_VAR}=1 opts in to the fallback
+    (then an `UncountedSandboxWarning`, once per process). Without a cgroup the memory cap is polled every
+    10 ms and CPU time summed from /proc: weaker bounds that a policy may learn to lean on (docs/design.md)."""
+    global _uncounted_warned
+    mode = sandbox_mode()
+    if mode != "none":
+        return mode
+    why = sandbox_cgroup.status().get("why", "")
+    if os.environ.get(UNCOUNTED_ENV_VAR, "") in ("", "0"):
+        raise SandboxUnavailableError(
+            f"{who}: the code sandbox cannot make a cgroup here ({why}), so the kernel would neither cap a "
+            f"sample's memory nor count its CPU time; give it one ({sandbox_cgroup.ENV_VAR}=<a delegated cgroup v2 "
+            f"directory>, or run as root on cgroup v1) or opt in to the polled fallback with {UNCOUNTED_ENV_VAR}=1")
+    if not _uncounted_warned:
+        _uncounted_warned = True
+        warnings.warn(f"{who}: training with the code sandbox's polled fallback ({UNCOUNTED_ENV_VAR}=1; no cgroup: "
+                      f"{why}): memory is polled every 10 ms and CPU time summed from /proc", UncountedSandboxWarning,
+                      stacklevel=2)
+    return mode
+
+
 def sample_budget_s(n_tests: int, timeout_s: float, *, wall_timeout_s: float | None = None) -> float:
     """The host's deadline for one sample of `n_tests` tests at a CPU-time limit of `timeout_s` each: the
     sandbox's start, then per test its wall-clock backstop, the reset budget and the slack. A caller's own limit
@@ -295,10 +345,55 @@ def _test_spec(test) -> dict:
 
 
 def _zygote_input(python: str, job: dict) -> bytes:
-    """The zygote's stdin: a marshal of (its code, the job). The code is compiled here when `python` is this
-    very interpreter (saves the sandbox ~6 ms of compiling per sample), else sent as source."""
+    """The zygote's stdin (a memfd it reads with pread): the length of the head in `HEAD_DIGITS` digits, the head
+    (a marshal of (its code, the job with, in place of the tests, where each one lies and its kind)), then each
+    test's own marshal. The zygote never reads a test: each test's process reads its own section only, so it
+    holds no other test's input (before, every test could walk the harness's frames to the next one's). The
+    code is compiled here when `python` is this very interpreter (saves the sandbox ~6 ms of compiling per
+    sample), else sent as source."""
     same = python == os.path.realpath(sys.executable)
-    return marshal.dumps((_zygote_code() if same else _zygote_source(), job))
+    sections = [marshal.dumps(t) for t in job["tests"]]
+    index, at = [], 0
+    for t, blob in zip(job["tests"], sections):
+        index.append({"kind": "call" if "call" in t else "stdin", "at": at, "size": len(blob)})
+        at += len(blob)
+    head = marshal.dumps((_zygote_code() if same else _zygote_source(), dict(job, tests=index)))
+    start = sandbox_zygote.HEAD_DIGITS + len(head)
+    for entry in index:
+        entry["at"] += start
+    head = marshal.dumps((_zygote_code() if same else _zygote_source(), dict(job, tests=index)))
+    assert sandbox_zygote.HEAD_DIGITS + len(head) == start  # the offsets are ints of the same marshal size
+    return b"%0*d" % (sandbox_zygote.HEAD_DIGITS, len(head)) + head + b"".join(sections)
+
+
+CAP_CHECKPOINT_RESTORE = 40  # Linux >= 5.9: may set a pid namespace's last pid (ns_last_pid)
+
+
+@functools.lru_cache(maxsize=1)
+def _pid_counter_supported() -> bool:
+    """Whether the kernel and bwrap know CAP_CHECKPOINT_RESTORE, the capability the zygote needs to set the
+    sandbox's pid counter back (else the pid counter stays a channel between tests: docs/design.md). bwrap
+    reads capability names through libcap, which learnt this one in 2.44: asked once per process."""
+    try:
+        if int(Path("/proc/sys/kernel/cap_last_cap").read_text()) < CAP_CHECKPOINT_RESTORE:
+            return False
+        probe = [_bwrap_path(), "--ro-bind", "/", "/", "--cap-drop", "ALL", "--cap-add", "CAP_CHECKPOINT_RESTORE",
+                 "--", os.path.realpath(sys.executable), "-I", "-S", "-c", "0"]
+        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, ValueError, subprocess.SubprocessError, SandboxUnavailableError):
+        return False
+
+
+def _ns_last_pid_fd() -> int:
+    """A descriptor on /proc/sys/kernel/ns_last_pid, opened here for writing, or -1. A write through it sets the
+    last pid of the WRITER's pid namespace, so the zygote (pid 1 of the sandbox, with CAP_CHECKPOINT_RESTORE)
+    uses it to give every test the same pids; the tests never hold it, nor the capability."""
+    if os.geteuid() != 0 or not _pid_counter_supported():  # non-root: the capability does not survive bwrap's
+        return -1  # exec of the zygote in the user namespace (EPERM), so the pid counter is not set back there
+    try:
+        return os.open("/proc/sys/kernel/ns_last_pid", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
 
 
 @functools.lru_cache(maxsize=1)
@@ -311,10 +406,10 @@ def _zygote_code():
     return compile(_zygote_source(), sandbox_zygote.FILENAME, "exec", dont_inherit=True)  # no __future__ of ours
 
 
-@functools.lru_cache(maxsize=1)
-def _seccomp_filter() -> bytes:
+@functools.lru_cache(maxsize=2)
+def _seccomp_filter(fixed_sigchld: bool = False) -> bytes:
     try:
-        return seccomp.build_filter()
+        return seccomp.build_filter(fixed_sigchld=fixed_sigchld)
     except seccomp.UnsupportedMachineError as e:
         raise SandboxUnavailableError(f"{e}: the sandbox cannot filter syscalls here. To run unsandboxed anyway "
                                       f"(dangerous), pass unsafe_no_sandbox=True or set {UNSAFE_ENV_VAR}=1.") from e
@@ -340,16 +435,20 @@ def _bwrap_path() -> str:
 
 
 def _bwrap_argv(bwrap: str, python: str, code_fd: int, filter_fd: int, status_fd: int, tmpfs_bytes: int,
-                hide_paths: tuple[str, ...] = (), stdin_room: int = 0) -> list[str]:
-    """The bwrap command line up to `--`; each group says why it is there."""
+                hide_paths: tuple[str, ...] = (), stdin_room: int = 0, *, pid_counter: bool = False) -> list[str]:
+    """The bwrap command line up to `--`; each group says why it is there. `pid_counter`: the zygote gets
+    CAP_CHECKPOINT_RESTORE, to set the pid counter back before each test (each test drops it: as root with its
+    uid, as non-root explicitly)."""
     argv = [bwrap]
     # Namespaces: own PIDs (killing pid 1 ends everything), no network, own IPC/UTS/cgroup view. As non-root a
     # user namespace (and no nested ones). As root none, so that each test can drop to a real unprivileged uid.
     argv += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    restore = ["--cap-add", "CAP_CHECKPOINT_RESTORE"] if pid_counter else []
     if os.geteuid() == 0:  # the zygote drops each test's uid and kills what the test leaves: nothing more
         argv += ["--cap-drop", "ALL"] + [a for c in ("SETUID", "SETGID", "KILL") for a in ("--cap-add", f"CAP_{c}")]
+        argv += restore
     else:
-        argv += ["--unshare-user", "--disable-userns"]
+        argv += ["--unshare-user", "--disable-userns"] + restore
     # Lifetime: the zygote is pid 1 and bwrap waits for it (no zombie, see the module docstring); it dies if
     # bwrap dies; setsid so the program cannot push input into our terminal (TIOCSTI).
     argv += ["--as-pid-1", "--die-with-parent", "--new-session", "--json-status-fd", str(status_fd)]

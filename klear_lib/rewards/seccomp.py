@@ -18,11 +18,20 @@ The program, in the kernel's `struct seccomp_data` terms (nr at offset 0, arch a
                                                                reach; glibc then falls back to clone)
     nr == socket/socketpair, family not in {unix, inet, inet6, netlink} -> EPERM (vsock is not namespaced)
     nr == personality, arg not 0 (Linux) or 0xffffffff (query)          -> EPERM (e.g. ASLR off)
+    nr == rt_sigaction, signal SIGCHLD, a new action given -> EPERM   (only in `build_filter(fixed_sigchld=True)`)
     nr in DENIED                            -> EPERM
     otherwise                               -> allow
 
+`fixed_sigchld` is for a sandbox whose CPU time is summed from /proc (no cgroup counter): a child whose parent
+ignores SIGCHLD (or sets SA_NOCLDWAIT) is reaped by the kernel and its CPU time is added to no process, so ten
+short-lived workers could search a space needing 1.3x a test's limit unmetered. With SIGCHLD's action fixed at
+its default, every child is either waited for (its time reaches its parent's count) or stays a zombie (its time
+stays visible in /proc) until pid 1 reaps it. Setting any action of SIGCHLD is refused, handlers included
+(the pointer to the new action is all the filter sees); reading it (a NULL new action) passes.
+
 Only the low 32 bits of an argument are compared (the kernel reads clone flags, socket families and
-personalities as 32-bit values), and both supported machines are little-endian, where they sit at the lower address.
+personalities as 32-bit values; a pointer, rt_sigaction's new action, is compared whole, both halves), and both
+supported machines are little-endian, where they sit at the lower address.
 """
 
 from __future__ import annotations
@@ -69,6 +78,8 @@ SYSCALLS: dict[str, tuple[int | None, int | None]] = {
 }
 # Filtered by argument: (x86_64, aarch64).
 CLONE, CLONE3, PERSONALITY = (56, 220), (435, 435), (135, 92)
+RT_SIGACTION = (13, 134)
+SIGCHLD = 17  # x86_64 and aarch64 alike
 SOCKET, SOCKETPAIR = (41, 198), (53, 199)
 
 CLONE_NEW_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
@@ -83,7 +94,7 @@ _ARCH_INDEX = {"x86_64": 0, "aarch64": 1}
 RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 # Classic BPF opcodes (linux/filter.h): load word absolute, jumps against a constant, return a constant.
 LD_W_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
-NR, ARCH, ARG0 = 0, 4, 16  # offsets in struct seccomp_data
+NR, ARCH, ARG0, ARG1 = 0, 4, 16, 24  # offsets in struct seccomp_data
 _INSN = struct.Struct("<HBBI")  # struct sock_filter {u16 code; u8 jt; u8 jf; u32 k}
 
 
@@ -107,8 +118,9 @@ def denied_syscalls(arch: str | None = None) -> dict[str, int]:
     return {name: nrs[i] for name, nrs in SYSCALLS.items() if nrs[i] is not None}
 
 
-def build_filter(arch: str | None = None) -> bytes:
-    """The filter for `arch` (default: this machine) as packed `sock_filter`s, ready for `--seccomp FD`."""
+def build_filter(arch: str | None = None, *, fixed_sigchld: bool = False) -> bytes:
+    """The filter for `arch` (default: this machine) as packed `sock_filter`s, ready for `--seccomp FD`;
+    `fixed_sigchld`: also refuse to change SIGCHLD's action (module docstring)."""
     arch = arch or machine()
     i = _ARCH_INDEX[arch]
     eperm, enosys = RET_ERRNO | errno.EPERM, RET_ERRNO | errno.ENOSYS
@@ -127,6 +139,8 @@ def build_filter(arch: str | None = None) -> bytes:
         (JEQ, SOCKETPAIR[i], "socket", None),
         (JEQ, PERSONALITY[i], "personality", None),
     ]
+    if fixed_sigchld:
+        prog.append((JEQ, RT_SIGACTION[i], "sigaction", None))
     prog += [(JEQ, nr, "eperm", None) for nr in sorted(denied_syscalls(arch).values())]
     prog += [(RET, RET_ALLOW, None, None)]
     labels = {"clone": len(prog)}
@@ -137,6 +151,11 @@ def build_filter(arch: str | None = None) -> bytes:
     labels["personality"] = len(prog)
     prog += [(LD_W_ABS, ARG0, None, None)] + [(JEQ, p, "allow", None) for p in ALLOWED_PERSONALITIES]
     prog += [(RET, eperm, None, None)]
+    if fixed_sigchld:  # SIGCHLD with a new action (either half of the pointer non-zero): EPERM
+        labels["sigaction"] = len(prog)
+        prog += [(LD_W_ABS, ARG0, None, None), (JEQ, SIGCHLD, None, "allow"),
+                 (LD_W_ABS, ARG1, None, None), (JEQ, 0, None, "eperm"),
+                 (LD_W_ABS, ARG1 + 4, None, None), (JEQ, 0, "allow", "eperm")]
     for name, ret in (("allow", RET_ALLOW), ("eperm", eperm), ("enosys", enosys), ("kill", RET_KILL_PROCESS)):
         labels[name] = len(prog)
         prog.append((RET, ret, None, None))

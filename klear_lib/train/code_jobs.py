@@ -94,13 +94,23 @@ def start_unit(*, config: dict, error_rate: float, branches: int, cache_root: st
 
 
 def pool_limit_s(test_timeout_s: float) -> float:
-    """The units' reward pool's limit per sample: the sandbox's own deadline for the most tests a sample runs
-    (``CodeRewardOptions.max_tests``), plus the judge's start-up; a slow program is then judged by the sandbox (a
-    wrong answer with its reason), never abandoned by the pool (a replaced worker)."""
-    from klear_lib.rewards import sandbox
-    from klear_lib.rewards.code import CodeRewardOptions
+    """The units' reward pool's limit per sample: ``rewards.code.pool_limit_s``, the sandbox's own deadline for
+    the most tests a sample runs at ``test_timeout_s`` each, plus the worker's start-up (one budget for every
+    caller of the code reward)."""
+    from klear_lib.rewards.code import pool_limit_s as code_pool_limit_s
 
-    return sandbox.sample_budget_s(CodeRewardOptions.max_tests, test_timeout_s) + 5.0
+    return code_pool_limit_s(test_timeout_s)
+
+
+def reward_pool(reward_workers: int, reward_mode: str, test_timeout_s: float):
+    """The units' pool of ``score_code``: its limit per sample is ``pool_limit_s(test_timeout_s)``, the budget the
+    sandbox itself gives the tests the units run, and a failure of the pool scores the mode's failure score (an
+    honest wrong answer)."""
+    from klear_lib.rewards.code import failure_score, score_code
+    from klear_lib.rewards.pool import RewardPool
+
+    return RewardPool(score_code, workers=reward_workers, timeout_s=pool_limit_s(test_timeout_s),
+                      failure_score=failure_score(reward_mode))
 
 
 def code_unit(*, config: dict, start: str, reward_mode: str, branches: int, reward_workers: int, test_timeout_s: float,
@@ -109,16 +119,16 @@ def code_unit(*, config: dict, start: str, reward_mode: str, branches: int, rewa
     run's, ``filter_rule`` the group filter), rewards ``score_code`` in ``reward_mode`` (soft / hard / signed).
     Records tagged with ``tags``; returns the last evaluation, the reward reasons and the sandbox counts."""
     from klear_lib.evaluation.code_heldout import evaluate_code_heldout
-    from klear_lib.rewards.code import failure_score, score_code
-    from klear_lib.rewards.pool import MemoPool, RewardPool, make_trl_reward_func
+    from klear_lib.rewards.pool import MemoPool, make_trl_reward_func
+    from klear_lib.rewards.sandbox import require_metered
     from klear_lib.train.rl_run import run_rl
 
+    require_metered("the code-reward RL unit")  # no training on a sandbox that cannot count CPU time, unless asked
     cfg = RLExperimentConfig.from_params(config)
     train, heldout = tasks.make_branch_code_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, branches)
     runs.set_seed(cfg.seed)
     model, tok = models.load_model_and_tokenizer(start, dtype=torch.float32)
-    with RewardPool(score_code, workers=reward_workers, timeout_s=pool_limit_s(test_timeout_s),
-                    failure_score=failure_score(reward_mode)) as raw_pool:  # a pool failure = an honest wrong
+    with reward_pool(reward_workers, reward_mode, test_timeout_s) as raw_pool:
         pool = MemoPool(raw_pool)
         reward = make_trl_reward_func(pool, {"tests": "tests"}, f"code_{reward_mode}",
                                       score_kwargs={"mode": reward_mode, "timeout_s": test_timeout_s})

@@ -106,15 +106,29 @@ def _klear_rows(launch: LaunchConfig):
         pool = RewardPool(score_math, workers=launch.reward_workers, timeout_s=10.0, group_key="gold")
         reward = make_trl_reward_func(pool, {"gold": "gold"}, "math", completion_prefix=launch.completion_prefix)
     else:
-        from klear_lib.rewards.code import failure_score, score_code
-
         rows = [{"prompt": r.prompt, "tests": r.ground_truth} for r in records]
-        mode = "soft"
-        pool = RewardPool(score_code, workers=launch.reward_workers, timeout_s=120.0,
-                          failure_score=failure_score(mode))  # a pool failure scores as an honest wrong answer
-        reward = make_trl_reward_func(pool, {"tests": "tests"}, "code", completion_prefix=launch.completion_prefix,
-                                      score_kwargs={"mode": mode})
+        reward, pool = code_reward(launch)
     return rows, [reward], pool
+
+
+def code_reward(launch: LaunchConfig, *, mode: str = "soft", test_timeout_s: float | None = None):
+    """The code reward of a launched run and the pool to close: ``score_code`` in ``mode`` with
+    ``test_timeout_s`` seconds of CPU per test (default ``CodeRewardOptions``' 6 s), through a ``RewardPool``
+    whose limit per sample is derived from that same number (``rewards.code.pool_limit_s``: 511 s at the
+    defaults). Before, the pool gave a sample 120 s while the sandbox's own budget for 16 tests at 6 s is
+    506 s, so a correct program with slow tests scored 0.0 ``timeout`` here and 1.0 everywhere else.
+    Refuses to start where the sandbox could not count CPU time (``sandbox.require_metered``)."""
+    from klear_lib.rewards import sandbox
+    from klear_lib.rewards.code import CodeRewardOptions, failure_score, pool_limit_s, score_code
+    from klear_lib.rewards.pool import RewardPool, make_trl_reward_func
+
+    sandbox.require_metered("klear launch (ability: code)")
+    timeout_s = CodeRewardOptions().timeout_s if test_timeout_s is None else test_timeout_s
+    pool = RewardPool(score_code, workers=launch.reward_workers, timeout_s=pool_limit_s(timeout_s),
+                      failure_score=failure_score(mode))  # a pool failure scores as an honest wrong answer
+    reward = make_trl_reward_func(pool, {"tests": "tests"}, "code", completion_prefix=launch.completion_prefix,
+                                  score_kwargs={"mode": mode, "timeout_s": timeout_s})
+    return reward, pool
 
 
 def launch(cfg: RLExperimentConfig, launch_cfg: LaunchConfig, out: str | os.PathLike) -> Path:
@@ -132,8 +146,11 @@ def launch(cfg: RLExperimentConfig, launch_cfg: LaunchConfig, out: str | os.Path
     main = _is_main()
     if main:
         out.mkdir(parents=True, exist_ok=True)
+        from klear_lib.rewards.sandbox import sandbox_mode
+
         runs.write_run_metadata(out, {"rl": cfg, "launch": launch_cfg,
-                                      "world_size": int(os.environ.get("WORLD_SIZE", 1))})
+                                      "world_size": int(os.environ.get("WORLD_SIZE", 1))},
+                                versions={"sandbox": sandbox_mode()})
     runs.set_seed(cfg.seed)
     if launch_cfg.unsloth == "off":  # fp32 master weights unless weights_dtype says otherwise (LaunchConfig)
         model, tokenizer = models.load_model_and_tokenizer(cfg.model, dtype=models.weights_dtype(
