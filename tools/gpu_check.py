@@ -324,7 +324,7 @@ def _compare_backends(rec, model, ids, mask, labels, keep, T, device, mode) -> N
     import torch
     from trl.trainer.utils import add_fused_lm_head
 
-    from klear_lib.train.rl import klear_token_stats
+    from klear_lib.train.token_stats import klear_token_stats
 
     valid = mask[:, -keep:].bool()
 
@@ -369,7 +369,7 @@ def stage_rl(rec: dict, check_: Check, size: dict, work: Path, state: dict, use_
     from klear_lib import models, runs
     from klear_lib.config import RLExperimentConfig
     from klear_lib.data import tasks
-    from klear_lib.train.rl import run_rl
+    from klear_lib.train.rl_run import run_rl
 
     if use_vllm:
         if not check_.cuda:
