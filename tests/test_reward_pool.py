@@ -722,3 +722,24 @@ def test_a_task_acknowledged_after_a_later_one_is_not_taken_for_lost():
     assert batch.results == [None, None] and not slow.future.cancelled  # late, not lost
     batch.watch([], now=100.0 + pool_mod._LOST_GRACE_S + 0.1)
     assert slow.future.cancelled and batch.results[0].reason == "worker_died" and batch.results[1] is None
+
+
+def test_a_code_problem_with_malformed_tests_is_a_data_error_through_the_pool_and_the_trl_adapter():
+    """score_code refuses a problem whose tests are malformed (rewards.result.DataError); the pool gives that item
+    reason 'data_error' (not 'error', which is the judge's own failure), and the TRL adapter keeps it in
+    ``last_results``, where KlearGRPOTrainer refuses the batch (tests/test_rl_trainer.py). A well-formed problem
+    beside it is judged as usual."""
+    from klear_lib.rewards.code import score_code
+    from klear_lib.rewards.pool import make_trl_reward_func
+    from klear_lib.rewards.result import DATA_ERROR
+
+    good = [{"input": "1 2\n", "output": "3\n"}]
+    bad = [{"input": "1 2\n"}]  # no expected output
+    program = "<think>add</think>```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+    with RewardPool(score_code, workers=1, timeout_s=POOL_TIMEOUT_S, **FORK) as pool:
+        results = pool.score_batch([{"response": program, "tests": good}, {"response": program, "tests": bad}])
+        assert results[0].score == 1.0 and results[0].reason == "all_passed"
+        assert results[1].reason == DATA_ERROR and "unknown test format" in results[1].detail
+        reward = make_trl_reward_func(pool, {"tests": "tests"}, name="code")
+        assert reward([program, program], tests=[good, bad]) == [1.0, pool.failure_score]
+        assert [r.reason for r in reward.last_results] == ["all_passed", DATA_ERROR]

@@ -50,7 +50,7 @@ import re
 from dataclasses import dataclass
 
 from klear_lib.rewards import sandbox_json
-from klear_lib.rewards.result import RewardResult, build_options
+from klear_lib.rewards.result import DataError, RewardResult, build_options
 from klear_lib.rewards.sandbox import FunctionCall, SandboxResult, SandboxUnavailableError, run_python_tests
 
 THINK_CLOSE = "</think>"
@@ -198,7 +198,7 @@ def extract_code(response: str) -> str | None:
 def select_tests(tests: list[dict], max_tests: int, seed: int) -> list[dict]:
     """At most ``max_tests`` tests, in their original order; a subsample fixed by ``seed`` when there are more."""
     if not tests:
-        raise ValueError("a code problem needs at least one test")
+        raise DataError("a code problem needs at least one test")
     for t in tests:
         _test_kind(t)  # a malformed test is a data error: fail loudly before running anything
     if len(tests) <= max_tests:
@@ -238,7 +238,7 @@ def _test_kind(test: dict) -> str:
         return "stdio"
     if isinstance(test, dict) and {"fn_name", "args", "expected"} <= test.keys():
         return "call"
-    raise ValueError(f"unknown test format {str(test)[:200]!r}; expected {{'input', 'output'}} "
+    raise DataError(f"unknown test format {str(test)[:200]!r}; expected {{'input', 'output'}} "
                      "(stdin/stdout) or {'fn_name', 'args', 'expected'} (function call)")
 
 
@@ -247,13 +247,13 @@ def _expected(test: dict, i: int):
     a stdin/stdout test. ValueError naming the test when it is not a JSON value."""
     if _test_kind(test) == "stdio":
         if not isinstance(test["output"], str) or not isinstance(test["input"], str):
-            raise ValueError(f"test {i}: 'input' and 'output' must be str, got {type(test['input']).__name__} and "
+            raise DataError(f"test {i}: 'input' and 'output' must be str, got {type(test['input']).__name__} and "
                              f"{type(test['output']).__name__}")
         return None
     try:
         return sandbox_json.normalize_expected(test["expected"])
     except (TypeError, RecursionError) as e:
-        raise ValueError(f"test {i} ({test['fn_name']!r}): its expected value is not JSON: {e}") from None
+        raise DataError(f"test {i} ({test['fn_name']!r}): its expected value is not JSON: {e}") from None
 
 
 def _lines(text: str) -> list[str]:

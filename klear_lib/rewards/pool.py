@@ -90,7 +90,7 @@ from multiprocessing import connection
 
 from pebble import ProcessExpired, ProcessPool
 
-from klear_lib.rewards.result import RewardResult
+from klear_lib.rewards.result import DATA_ERROR, DataError, RewardResult
 
 __all__ = ["RewardPool", "MemoPool", "WorkerStartError", "POOL_REASONS", "checked", "completion_text",
            "make_trl_reward_func"]
@@ -103,6 +103,7 @@ POOL_REASONS = {
                    "it could start it",
     "memory_exceeded": "the judgement raised MemoryError: it ran into the worker's memory_mb cap (or the machine's)",
     "invalid_score": "the judge returned a score that is not a finite real number (NaN, inf, a str, None, a bool)",
+    DATA_ERROR: "score_fn raised rewards.result.DataError: the item's data (a code problem's tests) is malformed",
     "error": "score_fn raised (SystemExit included), returned something other than a RewardResult, or the item "
              "or its result could not be pickled",
 }
@@ -163,6 +164,8 @@ def _grade(score_fn, item: dict, failure_score: float) -> RewardResult:
         return checked(score_fn(**item), failure_score)
     except MemoryError as e:  # the address-space cap (or the machine) ran out while grading this item
         return RewardResult(failure_score, "memory_exceeded", detail=_short(f"MemoryError: {e}"))
+    except DataError as e:  # the problem's data, not the response: a trainer refuses the batch (DATA_ERROR)
+        return RewardResult(failure_score, DATA_ERROR, detail=_short(f"{type(e).__name__}: {e}"))
     except BaseException as e:  # noqa: BLE001 - the judge's failure (sys.exit included) is that item's "error"
         return RewardResult(failure_score, "error", detail=_short(f"{type(e).__name__}: {e}"))
 

@@ -26,6 +26,16 @@ class RewardResult:
         return asdict(self)
 
 
+#: The reason of a result judged against malformed data (a code problem's tests), not against the response: its score
+#: says nothing about the response, and a trainer refuses the batch (``klear_lib.train.rl.KlearGRPOTrainer``).
+DATA_ERROR = "data_error"
+
+
+class DataError(ValueError):
+    """The data a response is judged against is malformed (a code problem's tests): ``RewardPool`` gives the item
+    reason ``DATA_ERROR`` instead of ``error``. The loaders refuse such rows first (``klear_lib.data.code_tests``)."""
+
+
 def build_options(cls, what: str, options: dict):
     """Build the options dataclass ``cls`` from keyword options; an unknown one is a TypeError listing the valid."""
     valid = [f.name for f in fields(cls)]

@@ -62,6 +62,7 @@ from klear_lib.losses import (
     positive_sample_loss,
 )
 from klear_lib.recipe import KlearLossConfig
+from klear_lib.rewards.result import DATA_ERROR
 from klear_lib.train.token_stats import klear_token_stats
 from klear_lib.train.trl_config import klear_from_trl, reward_total_range
 
@@ -75,11 +76,6 @@ __all__ = ["KlearGRPOTrainer", "KlearLossConfig", "PolicyLossConfig", "NoUpdates
 
 class _NoUpdatesLeft(Exception):
     """Raised before the first optimizer step when every rollout of the budget kept no group."""
-
-
-#: The reason a reward function gives (``RewardResult.reason`` in its ``last_results``) when the data it judges by is
-#: malformed (a code record's tests): the batch fails instead of being trained on that score.
-DATA_ERROR = "data_error"
 
 
 class DataError(ValueError):
