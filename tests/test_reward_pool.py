@@ -477,7 +477,7 @@ def test_max_tasks_replaces_workers():
 
 
 def test_pool_reasons_are_documented():
-    assert set(POOL_REASONS) == {"timeout", "worker_died", "memory_exceeded", "invalid_score", "error"}
+    assert set(POOL_REASONS) == {"timeout", "worker_died", "memory_exceeded", "invalid_score", "data_error", "error"}
 
 
 def test_no_worker_nor_progress_file_left_after_with(monkeypatch):
