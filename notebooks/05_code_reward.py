@@ -83,7 +83,8 @@ from klear_lib.config import RLExperimentConfig
 from klear_lib.data import tasks
 from klear_lib.evaluation.code_heldout import evaluate_code_heldout
 from klear_lib.rewards.code import failure_score, score_code
-from klear_lib.rewards.pool import MemoPool, RewardPool
+from klear_lib.rewards.pool import RewardPool
+from klear_lib.rewards.pool_wrappers import MemoPool
 from klear_lib.train import code_jobs
 
 notebook.quiet()

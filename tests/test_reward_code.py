@@ -336,7 +336,7 @@ SLOW_TIMEOUT_S = 0.25
 @pytest.mark.slow
 def test_a_correct_program_with_slow_tests_scores_1_through_launch_the_units_and_verl(monkeypatch):
     from klear_lib.integrations import verl_reward
-    from klear_lib.rewards.pool import MemoPool, make_trl_reward_func
+    from klear_lib.rewards.pool_wrappers import MemoPool, make_trl_reward_func
     from klear_lib.train import code_jobs, launch
 
     direct = score_code(SLOW_RIGHT, SLOW_TESTS, timeout_s=SLOW_TIMEOUT_S)

@@ -32,7 +32,8 @@ from test_sandbox_hostile import _cmdline, descendants, host_unchanged
 from klear_lib.integrations import verl_reward
 from klear_lib.rewards import sandbox, sandbox_cgroup, sandbox_json
 from klear_lib.rewards.code import MODES, failure_score, parse_tests, score_code
-from klear_lib.rewards.pool import MemoPool, RewardPool, make_trl_reward_func
+from klear_lib.rewards.pool import RewardPool
+from klear_lib.rewards.pool_wrappers import MemoPool, make_trl_reward_func
 from klear_lib.rewards.sandbox import run_python_tests
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")

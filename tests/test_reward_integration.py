@@ -6,7 +6,8 @@ from test_rl_trainer import make_trainer
 
 from klear_lib.recipe import KlearLossConfig
 from klear_lib.rewards.math import score_math
-from klear_lib.rewards.pool import RewardPool, make_trl_reward_func
+from klear_lib.rewards.pool import RewardPool
+from klear_lib.rewards.pool_wrappers import make_trl_reward_func
 
 
 def test_pool_backed_math_reward_in_the_trainer(tiny, tmp_path):

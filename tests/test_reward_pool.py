@@ -20,14 +20,8 @@ import pytest
 
 from klear_lib.rewards import pool as pool_module
 from klear_lib.rewards.math import score_math
-from klear_lib.rewards.pool import (
-    POOL_REASONS,
-    MemoPool,
-    RewardPool,
-    WorkerStartError,
-    completion_text,
-    make_trl_reward_func,
-)
+from klear_lib.rewards.pool import POOL_REASONS, RewardPool, WorkerStartError
+from klear_lib.rewards.pool_wrappers import MemoPool, completion_text, make_trl_reward_func
 from klear_lib.rewards.result import RewardResult
 
 POOL_TIMEOUT_S = 3.0
@@ -730,7 +724,7 @@ def test_a_code_problem_with_malformed_tests_is_a_data_error_through_the_pool_an
     ``last_results``, where KlearGRPOTrainer refuses the batch (tests/test_rl_trainer.py). A well-formed problem
     beside it is judged as usual."""
     from klear_lib.rewards.code import score_code
-    from klear_lib.rewards.pool import make_trl_reward_func
+    from klear_lib.rewards.pool_wrappers import make_trl_reward_func
     from klear_lib.rewards.result import DATA_ERROR
 
     good = [{"input": "1 2\n", "output": "3\n"}]

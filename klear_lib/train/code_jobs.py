@@ -119,7 +119,7 @@ def code_unit(*, config: dict, start: str, reward_mode: str, branches: int, rewa
     run's, ``filter_rule`` the group filter), rewards ``score_code`` in ``reward_mode`` (soft / hard / signed).
     Records tagged with ``tags``; returns the last evaluation, the reward reasons and the sandbox counts."""
     from klear_lib.evaluation.code_heldout import evaluate_code_heldout
-    from klear_lib.rewards.pool import MemoPool, make_trl_reward_func
+    from klear_lib.rewards.pool_wrappers import MemoPool, make_trl_reward_func
     from klear_lib.rewards.sandbox import require_metered
     from klear_lib.train.rl_run import run_rl
 

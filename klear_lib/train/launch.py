@@ -94,7 +94,8 @@ def _is_main() -> bool:
 def _klear_rows(launch: LaunchConfig):
     """Dataset rows, reward functions and the pool to close, from Klear's RL records."""
     from klear_lib.data.hub import load_klear_rl
-    from klear_lib.rewards.pool import RewardPool, make_trl_reward_func
+    from klear_lib.rewards.pool import RewardPool
+    from klear_lib.rewards.pool_wrappers import make_trl_reward_func
 
     records = load_klear_rl(launch.data, split=launch.split, ability=launch.ability)
     if launch.max_prompts:
@@ -120,7 +121,8 @@ def code_reward(launch: LaunchConfig, *, mode: str = "soft", test_timeout_s: flo
     Refuses to start where the sandbox could not count CPU time (``sandbox.require_metered``)."""
     from klear_lib.rewards import sandbox
     from klear_lib.rewards.code import CodeRewardOptions, failure_score, pool_limit_s, score_code
-    from klear_lib.rewards.pool import RewardPool, make_trl_reward_func
+    from klear_lib.rewards.pool import RewardPool
+    from klear_lib.rewards.pool_wrappers import make_trl_reward_func
 
     sandbox.require_metered("klear launch (ability: code)")
     timeout_s = CodeRewardOptions().timeout_s if test_timeout_s is None else test_timeout_s

@@ -257,8 +257,8 @@ class KlearGRPOTrainer(GRPOTrainer):
 
     def _check_data_errors(self) -> None:
         """Fail the batch, loudly, when a reward function reports that it judged against malformed data (a result
-        with reason ``DATA_ERROR`` in its ``last_results``, as ``rewards.pool.make_trl_reward_func`` keeps them):
-        its score says nothing about the response, and training on it would be training on noise."""
+        with reason ``DATA_ERROR`` in its ``last_results``, as ``rewards.pool_wrappers.make_trl_reward_func`` keeps
+        them): its score says nothing about the response, and training on it would be training on noise."""
         for name, fn in zip(self.reward_func_names, self.reward_funcs):
             results = getattr(fn, "last_results", None) or []
             bad = [r for r in results if getattr(r, "reason", None) == DATA_ERROR]
