@@ -35,6 +35,7 @@ from typing import Any
 import pandas as pd
 
 from klear_lib import runs
+from klear_lib.report_declared import ROLE_ORDER, retired_rows, untested_rows
 
 REPORT_FILE = "report.html"
 REPRODUCE_FILE = "reproduce.json"  # written by `klear reproduce`
@@ -402,6 +403,16 @@ def processor_text(versions: Mapping) -> str | None:
     return str(versions["cpu"]) + (f" ({', '.join(extra)})" if extra else "")
 
 
+def sandbox_modes(latest: Mapping[str, RunInfo]) -> dict[str, list[str]]:
+    """The code sandbox's mode of each run that recorded one (``versions.json``: ``cgroup v2``/``v1``, or ``none``
+    where a user opted in to CPU time no cgroup counts) -> the notebooks."""
+    out: dict[str, list[str]] = {}
+    for nb, run in latest.items():
+        if isinstance(run.versions, Mapping) and run.versions.get("sandbox"):
+            out.setdefault(str(run.versions["sandbox"]), []).append(nb)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Claims.
 
@@ -412,7 +423,6 @@ VERDICT_TEXT = {  # each verdict phrased for what was shown: an effect in the ti
     "reversed": "the stand-in shows the opposite direction",
     "inconclusive": "the stand-in cannot tell (no effect as large as the MDE was seen)",
 }
-ROLE_ORDER = {"primary": 0, "secondary": 1, "check": 2}
 SHORT_CLAIM_CHARS = 66
 
 
@@ -470,64 +480,6 @@ def below_mde(r: Mapping) -> bool:
     mde = r.get("mde")
     return (r.get("verdict") in ("reproduced", "reversed") and isinstance(mde, (int, float))
             and math.isfinite(mde) and abs(r["effect"]) < mde)
-
-
-def untested_rows(latest: Mapping[str, RunInfo], params_folder: str | os.PathLike | None = None) -> list[dict]:
-    """The claims a notebook declares (``params/<notebook>/claims.yaml`` in ``params_folder``, default the
-    checkout's) that its newest run did not make: one row each (notebook, preset, role, claim, id) with ``needs``,
-    what the claim's ``requires`` asks of the parameters beside what the run had (``arms: dapo_half_lr (this run:
-    dapo,...)``); for a claim without ``requires`` (07's checks, made from what ran) or one whose requirement the
-    run meets (declared after it ran), says so."""
-    from klear_lib import claims, notebook
-
-    folder = Path(params_folder) if params_folder is not None else notebook.params_dir()
-    out = []
-    for nb, run in latest.items():
-        found = run.summary.get("claims") if isinstance(run.summary, dict) else None
-        path = folder / nb / notebook.CLAIMS_FILE if folder is not None else None
-        if run.status != "ran" or not found or path is None or not path.is_file():
-            continue
-        try:
-            declared = claims.load_declared(path)
-        except ValueError as err:
-            warnings.warn(f"report: cannot read {path}: {err}")
-            continue
-        made = {c.get("id") for c in found if isinstance(c, Mapping)}
-        for cid, d in declared.items():
-            if cid in made:
-                continue
-            unmet = [(k, w) for k, w in (d.get("requires") or {}).items()
-                     if k not in run.params or not claims.requirement_met(run.params[k], w)]
-            needs = "; ".join(
-                f"{k}: {'set' if w is True else ', '.join(map(str, w if isinstance(w, list) else [w]))} (this run: "
-                f"{run.params[k] if k in run.params else 'no such parameter'})" for k, w in unmet)
-            if not needs:
-                needs = ("declared after this run (its parameters meet what the claim needs)" if d.get("requires")
-                         else "what it compares did not run (the notebook decides from what ran)")
-            out.append({"notebook": nb, "preset": run.preset, "role": d["role"], "claim": d["claim"], "id": cid,
-                        "needs": needs})
-    return sorted(out, key=lambda c: ROLE_ORDER[c["role"]])
-
-
-def retired_rows(latest: Mapping[str, RunInfo], params_folder: str | os.PathLike | None = None) -> list[dict]:
-    """The claims each notebook of these runs once declared and retired (``params/<notebook>/retired.yaml``,
-    ``claims.load_retired``): one row each with why, when, and its last result and where that run is recorded.
-    A claim that went against the paper stays on the page after it stops being tested."""
-    from klear_lib import claims, notebook
-
-    folder = Path(params_folder) if params_folder is not None else notebook.params_dir()
-    out = []
-    for nb in latest:
-        path = folder / nb / "retired.yaml" if folder is not None else None
-        if path is None or not path.is_file():
-            continue
-        try:
-            retired = claims.load_retired(path)
-        except ValueError as err:
-            warnings.warn(f"report: cannot read {path}: {err}")
-            continue
-        out.extend({"notebook": nb, **entry} for entry in retired.values())
-    return out
 
 
 @dataclasses.dataclass
@@ -590,6 +542,7 @@ class Card:
     commits: list[str]
     processors: list[str]
     presets: list[str]  # every preset of the runs, in notebook order
+    sandboxes: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # code sandbox mode -> notebooks
     reproduce_s: float | None = None  # `klear reproduce`'s own total, where it wrote reproduce.json
 
 
@@ -611,6 +564,7 @@ def make_card(latest: Mapping[str, RunInfo], claims_: Claims, *, seconds: Mappin
         wall_seconds=sum(walls) if walls else None, cpu_seconds=sum(cpus) if cpus else None, cpu_runs=len(cpus),
         commits=list(dict.fromkeys(commit_text(r.git, short=True) for r in latest.values() if r.git)),
         processors=list(dict.fromkeys(p for r in latest.values() if (p := processor_text(r.versions)))),
+        sandboxes=sandbox_modes(latest),
         presets=list(dict.fromkeys(str(r.preset) for r in latest.values() if r.preset)),
         reproduce_s=float(total) if _is_num(total) else None,
     )

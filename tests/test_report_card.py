@@ -255,3 +255,16 @@ def test_a_run_counts_the_cpu_of_the_workers_its_notebook_starts(tmp_path):
     run_dir = runner.run_notebook("95_burn", "smoke", layout=layout, progress_bar=False)
     record = json.loads((run_dir / runs.PARAMS_FILE).read_text())
     assert record["cpu_seconds"] >= 2.0, record
+
+
+def test_the_card_says_how_the_code_sandbox_bounded_the_runs(three):
+    """versions.json's ``sandbox`` (written by the runs that train on the code reward) appears on the card, each mode
+    with its notebooks; a card whose runs recorded none has no such line."""
+    assert "Sandbox" not in report.write_card(three).read_text()
+    for nb, mode in (("03_rl", "cgroup v1"), ("04_erc", "none")):
+        [d] = (three / nb).iterdir()
+        stamp_run(d, versions={**CPU, "sandbox": mode})
+    text = report.write_card(three).read_text()
+    assert "- Sandbox: cgroup v1 (03_rl); none (04_erc)" in text
+    html = report.render_report(three).read_text()
+    assert "<dt>Sandbox</dt><dd>cgroup v1 (03_rl); none (04_erc)</dd>" in html

@@ -1,0 +1,71 @@
+"""The claims the report lists apart from the tested ones, read from what the notebooks declare beside their presets:
+those a run did not make (``claims.yaml``: what each needs of the parameters, against what the run had) and those a
+notebook no longer tests (``retired.yaml``, with their last result). Neither is counted."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ROLE_ORDER = {"primary": 0, "secondary": 1, "check": 2}  # how claims are listed everywhere
+
+
+def untested_rows(latest: Mapping[str, Any], params_folder: str | os.PathLike | None = None) -> list[dict]:
+    """The claims a notebook declares (``params/<notebook>/claims.yaml`` in ``params_folder``, default the
+    checkout's) that its newest run did not make: one row each (notebook, preset, role, claim, id) with ``needs``,
+    what the claim's ``requires`` asks of the parameters beside what the run had (``arms: dapo_half_lr (this run:
+    dapo,...)``); for a claim without ``requires`` (07's checks, made from what ran) or one whose requirement the
+    run meets (declared after it ran), says so."""
+    from klear_lib import claims, notebook
+
+    folder = Path(params_folder) if params_folder is not None else notebook.params_dir()
+    out = []
+    for nb, run in latest.items():
+        found = run.summary.get("claims") if isinstance(run.summary, dict) else None
+        path = folder / nb / notebook.CLAIMS_FILE if folder is not None else None
+        if run.status != "ran" or not found or path is None or not path.is_file():
+            continue
+        try:
+            declared = claims.load_declared(path)
+        except ValueError as err:
+            warnings.warn(f"report: cannot read {path}: {err}")
+            continue
+        made = {c.get("id") for c in found if isinstance(c, Mapping)}
+        for cid, d in declared.items():
+            if cid in made:
+                continue
+            unmet = [(k, w) for k, w in (d.get("requires") or {}).items()
+                     if k not in run.params or not claims.requirement_met(run.params[k], w)]
+            needs = "; ".join(
+                f"{k}: {'set' if w is True else ', '.join(map(str, w if isinstance(w, list) else [w]))} (this run: "
+                f"{run.params[k] if k in run.params else 'no such parameter'})" for k, w in unmet)
+            if not needs:
+                needs = ("declared after this run (its parameters meet what the claim needs)" if d.get("requires")
+                         else "what it compares did not run (the notebook decides from what ran)")
+            out.append({"notebook": nb, "preset": run.preset, "role": d["role"], "claim": d["claim"], "id": cid,
+                        "needs": needs})
+    return sorted(out, key=lambda c: ROLE_ORDER[c["role"]])
+
+
+def retired_rows(latest: Mapping[str, Any], params_folder: str | os.PathLike | None = None) -> list[dict]:
+    """The claims each notebook of these runs once declared and retired (``params/<notebook>/retired.yaml``,
+    ``claims.load_retired``): one row each with why, when, and its last result and where that run is recorded.
+    A claim that went against the paper stays on the page after it stops being tested."""
+    from klear_lib import claims, notebook
+
+    folder = Path(params_folder) if params_folder is not None else notebook.params_dir()
+    out = []
+    for nb in latest:
+        path = folder / nb / "retired.yaml" if folder is not None else None
+        if path is None or not path.is_file():
+            continue
+        try:
+            retired = claims.load_retired(path)
+        except ValueError as err:
+            warnings.warn(f"report: cannot read {path}: {err}")
+            continue
+        out.extend({"notebook": nb, **entry} for entry in retired.values())
+    return out
