@@ -131,10 +131,11 @@ def _executor_params(args: argparse.Namespace) -> tuple[list[str], str | None, s
     for item in args.param:
         key, sep, value = item.partition("=")
         if sep and key.strip() in EXECUTOR_PARAMS:
+            value = str(presets.parse_value(value))  # read as every -p value is (YAML: quotes and all)
             if key.strip() == "executor":
-                executor = value.strip().strip("'\"")
+                executor = value
             else:
-                address = value.strip().strip("'\"")
+                address = value
         else:
             rest.append(item)
     if executor not in (None, "local", "ray"):

@@ -195,6 +195,7 @@ def require(namespace: Mapping[str, Any], *, counts: tuple[str, ...] = (), posit
 
 
 CLAIMS_FILE = "claims.yaml"  # beside a notebook's presets: its claims, declared before any training
+RETIRED_FILE = "retired.yaml"  # beside them: the claims it no longer tests, each with its last result
 
 
 def declared_claims(name: str, params: Mapping | None = None) -> dict[str, dict]:

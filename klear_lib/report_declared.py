@@ -13,6 +13,22 @@ from typing import Any
 ROLE_ORDER = {"primary": 0, "secondary": 1, "check": 2}  # how claims are listed everywhere
 
 
+def _declared(params_folder, nb: str, name: str, load) -> dict | None:
+    """``load(params/<nb>/<name>)`` (``params_folder``, default the checkout's), or None where the file is not there
+    or cannot be read (a warning names it: the report still renders)."""
+    from klear_lib import notebook
+
+    folder = Path(params_folder) if params_folder is not None else notebook.params_dir()
+    path = folder / nb / name if folder is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        return load(path)
+    except ValueError as err:
+        warnings.warn(f"report: cannot read {path}: {err}")
+        return None
+
+
 def untested_rows(latest: Mapping[str, Any], params_folder: str | os.PathLike | None = None) -> list[dict]:
     """The claims a notebook declares (``params/<notebook>/claims.yaml`` in ``params_folder``, default the
     checkout's) that its newest run did not make: one row each (notebook, preset, role, claim, id) with ``needs``,
@@ -21,17 +37,13 @@ def untested_rows(latest: Mapping[str, Any], params_folder: str | os.PathLike | 
     run meets (declared after it ran), says so."""
     from klear_lib import claims, notebook
 
-    folder = Path(params_folder) if params_folder is not None else notebook.params_dir()
     out = []
     for nb, run in latest.items():
         found = run.summary.get("claims") if isinstance(run.summary, dict) else None
-        path = folder / nb / notebook.CLAIMS_FILE if folder is not None else None
-        if run.status != "ran" or not found or path is None or not path.is_file():
+        if run.status != "ran" or not found:
             continue
-        try:
-            declared = claims.load_declared(path)
-        except ValueError as err:
-            warnings.warn(f"report: cannot read {path}: {err}")
+        declared = _declared(params_folder, nb, notebook.CLAIMS_FILE, claims.load_declared)
+        if declared is None:
             continue
         made = {c.get("id") for c in found if isinstance(c, Mapping)}
         for cid, d in declared.items():
@@ -56,16 +68,8 @@ def retired_rows(latest: Mapping[str, Any], params_folder: str | os.PathLike | N
     A claim that went against the paper stays on the page after it stops being tested."""
     from klear_lib import claims, notebook
 
-    folder = Path(params_folder) if params_folder is not None else notebook.params_dir()
     out = []
     for nb in latest:
-        path = folder / nb / "retired.yaml" if folder is not None else None
-        if path is None or not path.is_file():
-            continue
-        try:
-            retired = claims.load_retired(path)
-        except ValueError as err:
-            warnings.warn(f"report: cannot read {path}: {err}")
-            continue
+        retired = _declared(params_folder, nb, notebook.RETIRED_FILE, claims.load_retired) or {}
         out.extend({"notebook": nb, **entry} for entry in retired.values())
     return out
