@@ -666,6 +666,39 @@ def test_busy_children_die_with_their_test(host):
     assert r.ok and r.stdout == "parent leaves\n"
 
 
+PEEK_OTHER_PROCESSES = """
+    import os, sys
+    n = int(sys.stdin.read())
+    if n:  # the first test: print n bytes on each stream, which the zygote reads
+        os.write(1, b'x' * n)
+        os.write(2, b'y' * n)
+    else:  # the second: every counter of every other process it can read
+        seen = {}
+        for p in sorted(x for x in os.listdir('/proc') if x.isdigit() and int(x) != os.getpid()):
+            try:
+                seen[p] = int(open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[7])  # minflt
+            except OSError as e:
+                seen[p] = type(e).__name__
+        print(seen)
+"""
+
+
+def test_no_process_a_test_can_read_counts_what_the_previous_test_printed(host):
+    """The zygote reads every output, and its page faults, resident size and context switches grew with it
+    (1,360 against 4,328 page faults in `/proc/1/stat` after 0 and 3 MB): pid 1's /proc entry is hidden. The
+    forker, the one other process a test sees, never reads an output: its counts stay within a few faults."""
+    after = {}
+    for first in (0, 3 << 20):
+        r = run_tests(PEEK_OTHER_PROCESSES, [str(first), "0"], max_output_bytes=4 << 20)
+        after[first] = eval(r[1].stdout)  # noqa: S307 (a dict of ints and exception names, from our own program)
+    quiet, loud = after[0], after[3 << 20]
+    assert "1" not in quiet or not isinstance(quiet["1"], int), quiet  # the zygote's stat: not there to read
+    assert quiet.keys() == loud.keys() and len(quiet) <= 2, (quiet, loud)
+    for pid, faults in quiet.items():
+        if isinstance(faults, int):
+            assert abs(loud[pid] - faults) <= 16, (pid, faults, loud[pid])  # 3 MB would be ~750 pages read
+
+
 def test_a_test_cannot_poison_the_next(host):
     program = """
         import json, os, sys, time
@@ -862,6 +895,11 @@ r = run_python("import os\nfor p in ('/proc/1/mem', '/proc/1/fd'):\n    try:\n"
                "        os.listdir(p) if p.endswith('fd') else open(p, 'rb').read(1); print('OPEN')\n"
                "    except OSError as e: print('blocked')")
 out["zygote"] = r.stdout.split()
+r = run_python("print(open('/proc/1/stat').read()[:20])")
+out["zygote_stat"] = r.stderr.splitlines()[-1:]
+rs = run_python_tests("import os\nfor _ in range(int(input())):\n    os.waitpid(os.fork() or os._exit(0), 0)\n"
+                      "print(os.getpid())", ["5", "0", "3"])
+out["pids"] = [r.stdout for r in rs]
 rs = run_python("import json, sys\njson.n = getattr(json, 'n', 0) + 1\ndef f(): return json.n\n"
                 "if __name__ == '__main__': print(json.n, sys.stdin.read())", ["a", FunctionCall("f"), "b"])
 out["isolation"] = [rs[0].stdout, rs[1].value, rs[2].stdout]
@@ -935,6 +973,8 @@ def test_non_root_caller_is_contained_too(host):
     assert host.secret not in out["secret"] and "FileNotFoundError" in out["secret"]  # $HOME is not there
     assert out["seccomp"] == ["1"] * 5  # EPERM: the filter holds without root too
     assert out["zygote"] == ["blocked", "blocked"]  # the non-dumpable warm interpreter
+    assert out["zygote_stat"][0].startswith("FileNotFoundError"), out["zygote_stat"]  # its counters hidden
+    assert len(set(out["pids"])) == 1 and out["pids"][0].strip().isdigit(), out["pids"]  # the pid counter set back
     assert out["isolation"] == ["1 a\n", 1, "1 b\n"]
     clean = "0o41777 0o41777 []\n"
     assert out["reset"]["chmod"][1][:2] == [0, clean]  # the modes set back

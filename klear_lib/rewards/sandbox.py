@@ -16,7 +16,8 @@ What the program sees, default deny (see `_bwrap_argv` and `sandbox_root`):
                        no /home, /root, /etc, /run (no host sockets), repository or data
     /tmp               private, size-limited tmpfs; the working directory; holds main.py (read-only)
     /dev               minimal devices, read-only; /dev/shm a size-limited tmpfs (multiprocessing needs it)
-    /proc              a new procfs showing only the sandbox's own PID namespace
+    /proc              a new procfs showing only the sandbox's own PID namespace, the zygote's entry (/proc/1)
+                       hidden under an empty read-only tmpfs: its counters grow with what tests print
     network            a new, empty network namespace (its loopback is not the host's)
     syscalls           a seccomp filter (`seccomp`): no namespaces, ptrace, mount, keyring, bpf, perf, modules,
                        io_uring, vsock, ...: EPERM, in root and non-root mode alike
@@ -48,7 +49,9 @@ root is unbounded. As root, bwrap therefore runs without a user namespace, keeps
 and CAP_KILL for the zygote, and each test drops to a random unprivileged uid/gid from a high range (which clears
 every capability), after which the NPROC count is this sandbox's alone and root-owned files are unreadable. As
 non-root, bwrap creates a user namespace (`--unshare-user`, no nested ones) and the tests keep the caller's uid;
-the kernel counts NPROC per user namespace level (ucounts, Linux >= 5.14), the zygote included.
+the kernel counts NPROC per user namespace level (ucounts, Linux >= 5.14), the zygote included. The zygote then
+holds CAP_CHECKPOINT_RESTORE in that namespace to set the pid counter back, which is why /dev is built from
+the host's nodes there rather than with `--dev` (its devpts would nest a second user namespace: `_dev_argv`).
 
 Output: each test's stdout and stderr are read incrementally and capped (`max_output_bytes` each); a test that
 exceeds a cap is killed (`output_limit_exceeded`), so a 1 GB print costs neither memory nor a drain of 1 GB.
@@ -388,8 +391,8 @@ def _ns_last_pid_fd() -> int:
     """A descriptor on /proc/sys/kernel/ns_last_pid, opened here for writing, or -1. A write through it sets the
     last pid of the WRITER's pid namespace, so the zygote (pid 1 of the sandbox, with CAP_CHECKPOINT_RESTORE)
     uses it to give every test the same pids; the tests never hold it, nor the capability."""
-    if os.geteuid() != 0 or not _pid_counter_supported():  # non-root: the capability does not survive bwrap's
-        return -1  # exec of the zygote in the user namespace (EPERM), so the pid counter is not set back there
+    if not _pid_counter_supported():  # a kernel before 5.9, or a bwrap/libcap that does not know the capability
+        return -1
     try:
         return os.open("/proc/sys/kernel/ns_last_pid", os.O_WRONLY | os.O_CLOEXEC)
     except OSError:
@@ -447,8 +450,10 @@ def _bwrap_argv(bwrap: str, python: str, code_fd: int, filter_fd: int, status_fd
     if os.geteuid() == 0:  # the zygote drops each test's uid and kills what the test leaves: nothing more
         argv += ["--cap-drop", "ALL"] + [a for c in ("SETUID", "SETGID", "KILL") for a in ("--cap-add", f"CAP_{c}")]
         argv += restore
-    else:
-        argv += ["--unshare-user", "--disable-userns"] + restore
+    else:  # bwrap's --disable-userns nests a second user namespace, in which the capability would not cover the
+        # sandbox's pid namespace (EPERM on ns_last_pid); the seccomp filter refuses new user namespaces anyway
+        # (unshare, setns, clone's CLONE_NEWUSER, clone3), so it only goes where the pid counter needs the room
+        argv += ["--unshare-user"] + (restore if pid_counter else ["--disable-userns"])
     # Lifetime: the zygote is pid 1 and bwrap waits for it (no zombie, see the module docstring); it dies if
     # bwrap dies; setsid so the program cannot push input into our terminal (TIOCSTI).
     argv += ["--as-pid-1", "--die-with-parent", "--new-session", "--json-status-fd", str(status_fd)]
@@ -456,12 +461,36 @@ def _bwrap_argv(bwrap: str, python: str, code_fd: int, filter_fd: int, status_fd
     # Filesystem: the minimal root, then /proc, /dev and the two size-limited tmpfs, then the root read-only.
     argv += list(root_argv(python))
     argv += _hide_argv(python, hide_paths)
-    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--proc", "/proc"] + _dev_argv(nested_userns_ok=os.geteuid() == 0 or not pid_counter)
+    # The zygote's own /proc entry hidden: its counters (page faults, resident size, context switches) grow with
+    # every output it reads, and /proc/<pid>/stat shows them to any uid, so a test could read what the previous
+    # one printed. An empty read-only tmpfs over /proc/1 (the zygote is pid 1 for the sandbox's whole life).
+    argv += ["--perms", "0555", "--size", "4096", "--tmpfs", "/proc/1", "--remount-ro", "/proc/1"]
     argv += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     argv += ["--perms", "1777", "--size", str(tmpfs_bytes + stdin_room), "--tmpfs", "/tmp"]  # stdin lives there too
     argv += ["--perms", "0444", "--file", str(code_fd), PROGRAM_PATH, "--remount-ro", "/", "--chdir", "/tmp"]
     argv += ["--clearenv", *[a for k, v in SANDBOX_ENV.items() for a in ("--setenv", k, v)], "--"]
     return argv
+
+
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")  # what bwrap's --dev binds from the host
+
+
+def _dev_argv(*, nested_userns_ok: bool) -> list[str]:
+    """/dev: bwrap's `--dev`, or, where the zygote must hold a capability over the sandbox's pid namespace (the
+    pid counter, as non-root), the same nodes without a devpts. To mount a devpts as non-root, bwrap puts the
+    program in a second user namespace nested in the one that owns the pid namespace, and a capability held
+    there does not reach ns_last_pid (EPERM). No pseudo-terminal is then available: the tests' stdio are pipes."""
+    if nested_userns_ok:
+        return ["--dev", "/dev"]
+    argv = ["--perms", "0755", "--size", "65536", "--tmpfs", "/dev"]
+    for node in DEV_NODES:
+        argv += ["--dev-bind", f"/dev/{node}", f"/dev/{node}"]
+    links = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+             "stderr": "/proc/self/fd/2", "core": "/proc/kcore"}
+    for name, target in links.items():
+        argv += ["--symlink", target, f"/dev/{name}"]
+    return argv + ["--perms", "0755", "--dir", "/dev/shm"]
 
 
 def _hide_argv(python: str, hide_paths: tuple[str, ...]) -> list[str]:
