@@ -54,6 +54,9 @@ def test_why_an_interval_that_excludes_0_is_still_inconclusive():
     assert report_verdicts.undecided_because(two_seeds)["short"] == "2 seeds"
     # two ties at 8 seeds leave 6 signs: the floor 2^-5 is below 0.05, so a disagreeing test is the test, not the ties
     assert report_verdicts.tied_seeds({"a": 0.0, "b": 1e-15, "c": 1.0}) == 2
+    eight = claim("eight", SIGN_FLIP_DISAGREES + [0.0, 0.0])
+    assert eight["verdict"] == "inconclusive" and eight["ci_low"] > 0 and eight["p_sign"] == pytest.approx(1 / 16)
+    assert report_verdicts.undecided_because(eight)["short"] == "sign-flip p = 0.062"
 
 
 def test_the_verdict_cell_says_why_in_the_page_and_the_card(tmp_path):
