@@ -26,7 +26,10 @@ against tabulated values in the tests).
 Roles, declared with the claim before any training (``params/<notebook>/claims.yaml``, ``load_declared``):
 ``primary`` (exactly one per notebook that tests a paper), ``secondary`` (Holm-adjusted p-values within the
 notebook: ``finalize``), ``check`` (a positive control or pipeline check: ``pass``/``fail`` against what it must
-show, never a verdict, never counted in the tally). Every claim carries its ``mde``: the smallest effect the run
+show, never a verdict, never counted in the tally). A secondary that tests a rival explanation of the primary's
+effect (the same comparison with volume, step size or the number of stopped tokens held equal) declares
+``control_of: <the primary's id>``: the report then reads a reproduced primary beside a reversed control as the
+paper's direction without the paper's explanation. Every claim carries its ``mde``: the smallest effect the run
 had 80% power to detect at its seeds and measured paired sd (``mde``: the t-test's normal-theory formula, and
 from 6 to 15 seeds the whole rule's simulated value).
 """
@@ -53,9 +56,9 @@ BASE_FIELDS = ("id", "claim", "source", "metric", "role", "effect", "seeds", "ve
 PAIRED_FIELDS = ("ci_low", "ci_high", "p_value", "p_t", "p_sign", "sd", "mde", "per_seed", "direction")
 CLAIM_FIELDS = BASE_FIELDS + PAIRED_FIELDS  # a primary or secondary claim (and a paired check)
 OPTIONAL_FIELDS = ("note", "notebook", "scope", "p_adjusted", "expect", "outcome", "arms", "preset", "criterion",
-                   "undetectable", "block_z")
+                   "undetectable", "block_z", "control_of")
 DECLARED_FIELDS = ("id", "role", "claim", "source", "metric", "direction", "scope")
-DECLARED_OPTIONAL = ("expect", "arms", "requires")
+DECLARED_OPTIONAL = ("expect", "arms", "requires", "control_of")
 
 
 # -- Student's t distribution -----------------------------------------------------------------------------------
@@ -363,6 +366,9 @@ def finalize(claim_list: list[dict], declared: Mapping[str, Mapping] | None = No
             for f in ("role", "direction", "claim", "source", "metric"):
                 if f in c and c[f] != d[f]:
                     raise ValueError(f"{where} ({c['id']}): {f} {c[f]!r} differs from the declared {d[f]!r}")
+            if c.get("control_of") != d.get("control_of"):  # declared_claim carries it; a hand-made claim may not
+                raise ValueError(f"{where} ({c['id']}): control_of {c.get('control_of')!r} differs from the "
+                                 f"declared {d.get('control_of')!r}")
     roles = [c["role"] for c in claim_list]
     if any(r != "check" for r in roles) and roles.count("primary") != 1:
         raise ValueError(f"{where}: a notebook that tests a paper declares exactly one primary claim, got "
@@ -424,6 +430,12 @@ def validate_claims(claims, *, where: str = "claims", alpha: float = ALPHA) -> l
         if c["id"] in ids:
             raise ValueError(f"{at}: claim id {c['id']!r} is used twice")
         ids.add(c["id"])
+    primaries = [c["id"] for c in claims if c["role"] == "primary"]
+    for i, c in enumerate(claims):
+        if "control_of" in c and (c["role"] != "secondary" or c["control_of"] not in primaries):
+            raise ValueError(f"{where}[{i}] ({c['id']}).control_of must name the primary claim of the list "
+                             f"({', '.join(primaries) or 'none'}) from a secondary claim; got {c['control_of']!r} "
+                             f"on a {c['role']} claim")
     return claims
 
 
@@ -502,7 +514,24 @@ def load_declared(path: str | Path) -> dict[str, dict]:
     if any(r != "check" for r in roles) and roles.count("primary") != 1:
         raise ValueError(f"{path}: a notebook that tests a paper declares exactly one primary claim, got "
                          f"{roles.count('primary')}")
+    for cid, d in out.items():
+        if "control_of" in d:
+            _check_control_of(d, out, f"{path} ({cid})")
     return out
+
+
+def _check_control_of(d: Mapping, declared: Mapping[str, Mapping], at: str) -> None:
+    """A declared ``control_of`` names the primary claim of the same file, and only a secondary has one: its
+    verdict (reproduced / reversed) is what the report reads against the primary's explanation; a check has
+    pass/fail, and a primary controls nothing."""
+    target = d["control_of"]
+    primaries = [i for i, e in declared.items() if e["role"] == "primary"]
+    if d["role"] != "secondary":
+        raise ValueError(f"{at}.control_of: only a secondary claim is a control of the primary, this one is a "
+                         f"{d['role']}")
+    if not isinstance(target, str) or target not in primaries:
+        raise ValueError(f"{at}.control_of must name the primary claim declared in the same file "
+                         f"({', '.join(primaries) or 'none declared'}), got {target!r}")
 
 
 RETIRED_FIELDS = ("id", "retired", "why", "last_result", "results_entry")
@@ -588,12 +617,16 @@ def made(declared: Mapping[str, Mapping], params: Mapping, *, where: str = "clai
 
 def declared_claim(declared: Mapping[str, Mapping], id: str, a: Mapping, b: Mapping, *, note: str = "",
                    alpha: float = ALPHA) -> dict:
-    """``paired_claim`` with the wording, role, direction, scope and expectation of the declared claim ``id``."""
+    """``paired_claim`` with the wording, role, direction, scope and expectation of the declared claim ``id``, and
+    its ``control_of`` where it declares one (the report reads the control beside its primary)."""
     if id not in declared:
         raise KeyError(f"claim {id!r} is not declared (declared: {list(declared)})")
     d = declared[id]
-    return paired_claim(id, d["claim"], d["source"], d["metric"], a, b, direction=d["direction"], role=d["role"],
-                        note=note, scope=d["scope"], expect=d.get("expect"), alpha=alpha)
+    out = paired_claim(id, d["claim"], d["source"], d["metric"], a, b, direction=d["direction"], role=d["role"],
+                       note=note, scope=d["scope"], expect=d.get("expect"), alpha=alpha)
+    if "control_of" in d:
+        out["control_of"] = d["control_of"]
+    return out
 
 
 def declared_check(declared: Mapping[str, Mapping], id: str, passed: bool, value: float, *, criterion: str,

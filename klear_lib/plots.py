@@ -237,26 +237,29 @@ def _raw(value: float) -> str:
 
 
 def forest_label(r, width: int = 40) -> str:
-    """A forest row's name: the notebook's number and the claim in a few words (``report_data.short_claim``),
-    wrapped to two lines at most; a smoke or custom run's preset after it."""
+    """A forest row's name: the notebook's number and the claim in a few words (``report_data.short_claim``; an
+    A/A pair as what it is, ``report_verdicts.AA_LABEL``), wrapped to two lines at most; a smoke or custom run's
+    preset after it."""
     from klear_lib.report_data import MARKED_PRESETS, notebook_number, short_claim
+    from klear_lib.report_verdicts import AA_LABEL, is_aa
 
     mark = f" ({r['preset']})" if r.get("preset") in MARKED_PRESETS else ""
-    lines = textwrap.wrap(r.get("short") or short_claim(r["claim"]), width, break_on_hyphens=False) or [""]
+    name = AA_LABEL if is_aa(r) else r.get("short") or short_claim(r["claim"])
+    lines = textwrap.wrap(name, width, break_on_hyphens=False) or [""]
     if len(lines) > 2:
         lines = [lines[0], textwrap.shorten(" ".join(lines[1:]), width, placeholder="…")]
     return f"{notebook_number(str(r['notebook']))}  " + "\n      ".join(lines) + mark
 
 
 def forest_figure(rows):
-    """One row per paired claim (primary first, then secondary, then the paired checks such as the A/A noise
-    floor), all on one x axis: the standardised effect, effect ÷ the paired sd of the seeds (Cohen's d_z), with its
-    95% interval, each seed's difference as a dot and the band of effects the run had under 80% power to detect
-    (MDE ÷ sd). The claims' metrics differ (an area under a probe, an accuracy, a CV), so a raw axis per row would
-    make rows incomparable and draw a zero effect on a ×1e-12 scale; in sd units they compare by eye, and the raw
-    effect and interval are printed at the right of each row. A row whose seeds have no spread (one seed, as in a
-    smoke run) has no sd to divide by: it is drawn as a ring at 0 and says so. Coloured by verdict (a check by
-    the rule's outcome); a legend below. None without a paired claim."""
+    """One row per paired claim (primary first, then secondary, then the paired checks such as the A/A pair: one arm
+    under two seed streams), all on one x axis: the standardised effect, effect ÷ the paired sd of the seeds (Cohen's
+    d_z: every row, the A/A row too, over its own paired sd), with its 95% interval, each seed's difference as a dot and
+    the band of effects the run had under 80% power to detect (MDE ÷ sd). The claims' metrics differ (an area under a
+    probe, an accuracy, a CV), so a raw axis per row would make rows incomparable and draw a zero effect on a ×1e-12
+    scale; in sd units they compare by eye, and the raw effect and interval are printed at the right of each row. A row
+    whose seeds have no spread (one seed, as in a smoke run) has no sd to divide by: it is drawn as a ring at 0 and says
+    so. Coloured by verdict (a check by the rule's outcome); a legend below. None without a paired claim."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch

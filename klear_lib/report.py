@@ -36,7 +36,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from klear_lib import report_data
+from klear_lib import report_data, report_verdicts
 from klear_lib.report_data import (  # noqa: F401  (the report's reading API, as callers have always found it)
     _IMAGE_TYPES,
     MARKED_PRESETS,
@@ -139,9 +139,13 @@ def listing(items: Sequence[Any]) -> str:
     return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def tally(counts: Mapping[str, int]) -> str:
-    """``1 reproduced, 0 reversed, 2 inconclusive``: every key, zeros included (a zero is news in a tally)."""
-    return ", ".join(f"{n} {k}" for k, n in counts.items()) or "none"
+def tally(counts: Mapping[str, int], against: int = 0) -> str:
+    """``1 reproduced, 0 reversed, 2 inconclusive``: every key, zeros included (a zero is news in a tally). With
+    ``against`` (``Claims.against``), the reproduced ones that have a control against the paper's explanation are
+    counted apart: ``2 reproduced, of which 1 with a control against the paper's explanation, 0 reversed, ...``."""
+    parts = [f"{n} {k}" + (f", of which {against} with {report_verdicts.AGAINST}" if k == "reproduced" and against
+                           else "") for k, n in counts.items()]
+    return ", ".join(parts) or "none"
 
 
 def duration(seconds: float | None) -> str:
@@ -223,7 +227,8 @@ def environment(page: bool = True) -> jinja2.Environment:
                        preset_warning=preset_warning, md_table=md_table, overview_error=overview_error,
                        number=report_data.notebook_number)
     env.tests["num"] = _is_num
-    env.globals.update(marked_presets=MARKED_PRESETS, verdict_text=VERDICT_TEXT, fragile_html=Markup(FRAGILE_HTML))
+    env.globals.update(marked_presets=MARKED_PRESETS, verdict_text=VERDICT_TEXT, fragile_html=Markup(FRAGILE_HTML),
+                       against_text=report_verdicts.AGAINST, halves_limit=report_verdicts.HALVES_LIMIT)
     return env
 
 

@@ -35,7 +35,8 @@ from typing import Any
 import pandas as pd
 
 from klear_lib import runs
-from klear_lib.report_declared import ROLE_ORDER, retired_rows, untested_rows
+from klear_lib.report_declared import ROLE_ORDER, declared_controls, retired_rows, untested_rows
+from klear_lib.report_verdicts import VERDICT_TEXT, annotate
 
 REPORT_FILE = "report.html"
 REPRODUCE_FILE = "reproduce.json"  # written by `klear reproduce`
@@ -418,11 +419,6 @@ def sandbox_modes(latest: Mapping[str, RunInfo]) -> dict[str, list[str]]:
 
 STATUSES = ("ran", "failed", "incomplete", "interrupted", "damaged")  # a run's status, in the order counted
 MARKED_PRESETS = ("smoke", "custom")  # runs whose numbers are marked wherever they appear
-VERDICT_TEXT = {  # each verdict phrased for what was shown: an effect in the tiny stand-in, not in the paper's setting
-    "reproduced": "the stand-in shows the paper's direction",
-    "reversed": "the stand-in shows the opposite direction",
-    "inconclusive": "the stand-in cannot tell (no effect as large as the MDE was seen)",
-}
 SHORT_CLAIM_CHARS = 66
 
 
@@ -448,11 +444,13 @@ def notebook_number(notebook: str) -> str:
     return head if head.isdigit() else notebook
 
 
-def claim_rows(latest: Mapping[str, RunInfo]) -> list[dict]:
+def claim_rows(latest: Mapping[str, RunInfo], params_folder: str | os.PathLike | None = None) -> list[dict]:
     """Every claim (``summary["claims"]``) of every notebook's newest run that ran, with its notebook and preset,
     primary claims first, then secondary ones, then checks (each group in notebook order); malformed claims are
-    skipped with a warning naming the run. Each row also has ``short`` (``short_claim``), ``below_mde`` and ``p``
-    (Holm-adjusted for a secondary claim)."""
+    skipped with a warning naming the run. Each row also has ``short`` (``short_claim``), ``below_mde``, ``p``
+    (Holm-adjusted for a secondary claim) and the marks of ``report_verdicts.annotate`` (the verdict's words, the
+    controls against the explanation, the A/A label, the replication check's flag; ``control_of`` from the
+    declarations in ``params_folder`` where a run did not write it)."""
     from klear_lib.claims import validate_claims
 
     out = []
@@ -469,6 +467,7 @@ def claim_rows(latest: Mapping[str, RunInfo]) -> list[dict]:
         out += [{**c, "notebook": nb, "preset": run.preset, "start_per_seed": own_starts,
                  "short": short_claim(c["claim"]), "below_mde": below_mde(c),
                  "p": c.get("p_adjusted", c.get("p_value"))} for c in found]
+    annotate(out, declared_controls(latest, params_folder) if out else {})
     return sorted(out, key=lambda c: ROLE_ORDER[c["role"]])  # stable: notebook order within a role
 
 
@@ -504,9 +503,14 @@ class Claims:
     def decided(self) -> int:
         return sum(r["verdict"] != "inconclusive" for r in self.tested)
 
+    @property
+    def against(self) -> int:
+        """Reproduced primaries with a declared control that came out reversed (``report_verdicts.annotate``)."""
+        return sum(bool(r.get("controls_against")) for r in self.tested)
+
 
 def gather_claims(latest: Mapping[str, RunInfo], params_folder: str | os.PathLike | None = None) -> Claims:
-    rows = claim_rows(latest)
+    rows = claim_rows(latest, params_folder)
     tested = [r for r in rows if r["role"] != "check"]
     checks = [r for r in rows if r["role"] == "check"]
     return Claims(

@@ -73,3 +73,17 @@ def retired_rows(latest: Mapping[str, Any], params_folder: str | os.PathLike | N
         retired = _declared(params_folder, nb, notebook.RETIRED_FILE, claims.load_retired) or {}
         out.extend({"notebook": nb, **entry} for entry in retired.values())
     return out
+
+
+def declared_controls(latest: Mapping[str, Any], params_folder: str | os.PathLike | None = None
+                      ) -> dict[tuple[str, str], str]:
+    """(notebook, claim id) -> the primary it controls, as each notebook of these runs declares it now
+    (``control_of`` in ``params/<notebook>/claims.yaml``): the report reads a run written before claims carried
+    ``control_of`` with it. A claim the run wrote with ``control_of`` keeps its own."""
+    from klear_lib import claims, notebook
+
+    out = {}
+    for nb in latest:
+        declared = _declared(params_folder, nb, notebook.CLAIMS_FILE, claims.load_declared) or {}
+        out.update({(nb, cid): d["control_of"] for cid, d in declared.items() if d.get("control_of")})
+    return out

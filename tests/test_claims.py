@@ -511,3 +511,52 @@ def test_a_retired_entry_names_every_field(tmp_path):
     with pytest.raises(ValueError, match=r"\[0\] \(a\)\.why must be a non-empty string"):
         claims.load_retired(path)
     assert claims.load_retired(tmp_path / "none.yaml") == {}
+
+
+CONTROLLED = (
+    "- {id: main, role: primary, claim: a beats b, source: S, metric: m, direction: 1, scope: x}\n"
+    "- {id: ctl, role: secondary, claim: a beats c, source: S, metric: m, direction: 1, scope: x, control_of: main}\n")
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("- {id: other, role: secondary, claim: o, source: S, metric: m, direction: 1, scope: x, control_of: nope}\n",
+     r"claims.yaml \(other\)\.control_of must name the primary claim declared in the same file \(main\), got 'nope'"),
+    ("- {id: other, role: secondary, claim: o, source: S, metric: m, direction: 1, scope: x, control_of: ctl}\n",
+     r"\(other\)\.control_of must name the primary claim .* got 'ctl'"),  # a secondary is no primary
+    ("- {id: chk, role: check, claim: o, source: S, metric: m, direction: 1, scope: x, expect: reproduced,\n"
+     "   control_of: main}\n", r"\(chk\)\.control_of: only a secondary claim is a control of the primary, this one "
+                              r"is a check"),
+])
+def test_control_of_names_the_primary_of_the_same_file(tmp_path, extra, message):
+    """``control_of`` (a secondary that holds a rival explanation of the primary's effect equal) is declared beside
+    the claim, names the file's primary, and is carried into the claim the notebook writes; finalize and
+    validate_claims hold it to the declaration and to the list's primary."""
+    path = tmp_path / "claims.yaml"
+    path.write_text(CONTROLLED)
+    declared = claims.load_declared(path)
+    assert declared["ctl"]["control_of"] == "main" and "control_of" not in declared["main"]
+    a, b = {s: 1.0 + s for s in range(6)}, {s: 0.0 for s in range(6)}
+    got = [claims.declared_claim(declared, "main", a, b), claims.declared_claim(declared, "ctl", a, b)]
+    assert got[1]["control_of"] == "main" and "control_of" not in got[0]
+    claims.finalize(got, declared)
+    with pytest.raises(ValueError, match=r"\(ctl\): control_of None differs from the declared 'main'"):
+        claims.finalize([got[0], {k: v for k, v in got[1].items() if k != "control_of"}], declared)
+    with pytest.raises(ValueError, match=r"claims\[1\] \(ctl\)\.control_of must name the primary claim of the list "
+                                         r"\(main\) from a secondary claim; got 'elsewhere'"):
+        claims.validate_claims([got[0], {**got[1], "control_of": "elsewhere"}])
+    path.write_text(CONTROLLED + extra)
+    with pytest.raises(ValueError, match=message):
+        claims.load_declared(path)
+
+
+def test_the_declared_controls_name_their_primaries():
+    """The secondaries that hold a rival explanation equal say whose: the report reads them beside the primary."""
+    root = Path(__file__).resolve().parents[1] / "params"
+    controls = {folder.name: sorted(i for i, d in claims.load_declared(folder / "claims.yaml").items()
+                                    if "control_of" in d) for folder in sorted(root.iterdir())
+                if (folder / "claims.yaml").is_file()}
+    assert {nb: ids for nb, ids in controls.items() if ids} == {
+        "01_sft_data_sources": ["styles.top1_vs_top2_same_order"],
+        "02_sft_accuracy_filtering": ["hard.mixed_vs_only_true_covered", "hard.mixed_vs_only_true_matched"],
+        "03_rl_clip_variants": ["gppo_vs_ppo_clip_2x_lr.probe_auc"],
+        "04_erc_bounds": ["erc_vs_half_lr.rest_probe_auc", "erc_vs_random_mask.rest_probe_auc"]}

@@ -125,7 +125,7 @@ def test_one_claim_one_check_and_no_start_per_seed_read_as_sentences(tmp_path):
     html = report.render_report(tmp_path).read_text()
     part = claims_part(html)
     assert "1 claim tested against the papers (1 primary" in part and "1 claims" not in html
-    assert "1 check (positive controls, pipeline checks, the noise floor) is listed apart" in part
+    assert "1 check (positive controls, pipeline checks, A/A pairs) is listed apart" in part
     assert "1 checks" not in html
     assert re.search(r"scale\.\s+The seeds vary training from one trained starting model", part)
     assert not re.search(r"[.:;] the seeds vary", part)
@@ -176,11 +176,12 @@ def test_report_md_is_the_card_as_a_markdown_table(three):
     text = path.read_text()
     assert text.startswith("# Klear report card\n")
     assert md_rows(text) == [
-        ["nb", "primary claim", "verdict", "effect [95% interval]", "seeds", "starts"],
-        # differences 0.10-0.15 and -0.20 to -0.25 over 6 seeds: mean ± t(0.975, 5) · sd / √6 = ± 0.0196
-        ["03", "GPPO learns faster than DAPO's clip-higher", "reproduced", "+0.125 [+0.105, +0.145]", "6",
+        ["nb", "primary claim", "verdict", "effect [95% interval]", "halves z", "seeds", "starts"],
+        # differences 0.10-0.15 and -0.20 to -0.25 over 6 seeds: mean ± t(0.975, 5) · sd / √6 = ± 0.0196; the halves
+        # (0.10-0.12 against 0.13-0.15) differ by 0.03 over a within-block sd of 0.01: t -3.67 on 4 df, z -2.30
+        ["03", "GPPO learns faster than DAPO's clip-higher", "reproduced", "+0.125 [+0.105, +0.145]", "-2.3", "6",
          "a start each"],
-        ["04", "ERC stabilises RL", "reversed", "-0.225 [-0.245, -0.205]", "6", "one start"]]
+        ["04", "ERC stabilises RL", "reversed", "-0.225 [-0.245, -0.205]", "+2.3", "6", "one start"]]
     assert len({len(line) for line in text.splitlines() if line.startswith("|")}) == 1  # padded: a table on a terminal
     assert ("- Verdicts: 3 claims tested: 1 reproduced, 1 reversed, 1 inconclusive (primary: 1 reproduced, 1 reversed, "
             "0 inconclusive); 3 checks: 2 pass, 1 fail") in text
