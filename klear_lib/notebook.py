@@ -194,6 +194,13 @@ def require(namespace: Mapping[str, Any], *, counts: tuple[str, ...] = (), posit
             raise ValueError(f"{key} = {namespace[key]!r}: expected a number in [0, 1]")
 
 
+def workers(value: Any, key: str = "workers") -> int:
+    """A notebook's worker count as a number, in its config cell: ``"auto"`` is the cores this process may use, an
+    integer is kept if the machine has that many (``presets.resolve_workers``, the one rule ``klear run`` checks
+    before a kernel starts too); the notebook records the number in its ``config.json``."""
+    return presets_mod.resolve_workers(value, key)
+
+
 CLAIMS_FILE = "claims.yaml"  # beside a notebook's presets: its claims, declared before any training
 RETIRED_FILE = "retired.yaml"  # beside them: the claims it no longer tests, each with its last result
 

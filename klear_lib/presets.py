@@ -276,8 +276,9 @@ def check_types(params: Mapping[str, Any], declared: Mapping[str, Mapping[str, A
                 sources: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Each value against the type of its parameter's default (``notebook_parameters``): a bool for a bool, an
     int for an int, a number for a float, text for a string (a number given for a string parameter becomes its
-    text: ``-p seeds=1`` is ``"1"``); no value may be an infinite or NaN float. Returns the values, converted;
-    KlearError names key, value and type."""
+    text: ``-p seeds=1`` is ``"1"``); no value may be an infinite or NaN float. A worker count (``WORKER_PARAMS``) is
+    ``auto`` or an integer the machine has cores for (``resolve_workers``), kept as given. Returns the values,
+    converted; KlearError names key, value and type."""
     sources = sources or {}
     out = {}
     for key, value in params.items():
@@ -285,6 +286,13 @@ def check_types(params: Mapping[str, Any], declared: Mapping[str, Mapping[str, A
         src = sources.get(key, "parameters")
         expected = type(default)
         ok = value
+        if key in WORKER_PARAMS:  # "auto" or a count the machine has, whatever the default's type
+            try:
+                resolve_workers(value, key)
+            except ValueError as err:
+                raise KlearError(f"{err} (from {src})") from None
+            out[key] = value
+            continue
         if default is None or value is None and default is None:
             ok = value
         elif value is None:
@@ -307,6 +315,46 @@ def check_types(params: Mapping[str, Any], declared: Mapping[str, Mapping[str, A
             ok = value if isinstance(value, str) else (f"{value:g}" if isinstance(value, float) else str(value))
         out[key] = ok
     return out
+
+
+# Worker counts: how many units of work (``workers``, notebooks 01-06) or judge processes (``judge_workers``, 07) run
+# at once. ``auto`` is the cores this process may use, so that ``make reproduce`` scales with the machine; a count
+# above them is refused before a kernel starts: more one-thread workers than cores only time-share them.
+# Results do not depend on the count: every unit runs with a fixed number of torch threads (klear_lib.experiment).
+AUTO = "auto"
+WORKER_PARAMS = ("workers", "judge_workers")
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (``taskset``, a container's cpuset) where the platform
+    has one, else ``os.cpu_count()``; at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # macOS and Windows have no sched_getaffinity
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_workers(value: Any, key: str = "workers") -> int:
+    """A worker count as a number: ``"auto"`` -> ``usable_cpus()``, an integer 1..usable_cpus() -> itself.
+    ValueError, naming ``key``, the value and the cores, for anything else: 0, negatives, floats, bools, other text
+    (``"3"`` too: one spelling per value), and counts above the cores. Called by the notebooks' config cells (so a
+    papermill or JupyterLab run resolves it too) and by ``check_types`` (``klear run``, before a kernel starts)."""
+    cores = usable_cpus()
+    if value == AUTO:
+        return cores
+    count = value
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"{key} = {value!r}: expected an integer >= 1 or {AUTO!r} (this machine's {cores} cores)")
+    if count > cores:
+        raise ValueError(f"{key} = {count}: this machine gives this process {cores} core{'s' * (cores != 1)}; "
+                         f"use {key}: {AUTO} or at most {cores}")
+    return count
+
+
+def resolved_workers(params: Mapping[str, Any]) -> dict[str, int]:
+    """The worker counts among ``params`` (``WORKER_PARAMS``), resolved (``resolve_workers``): what ``klear run``
+    records in ``params.json`` beside the values as given."""
+    return {k: resolve_workers(params[k], k) for k in WORKER_PARAMS if k in params}
 
 
 CONFIG_TAG = "config"  # cells that build and validate a notebook's config, cheaply: klear runs them first

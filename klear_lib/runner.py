@@ -32,10 +32,12 @@ from klear_lib.presets import (
     load_params_with_sources,
     notebook_parameters,
     resolve_notebook,
+    resolved_workers,
     validate_params,
 )
 
 KERNEL_NAME = "python3"
+WORKERS_RESOLVED = "workers_resolved"  # params.json: {"workers": 2} for `workers: auto` on 2 cores (presets.AUTO)
 REPORT_PREFIX = "00_"  # notebooks named 00_* gather the others' runs: reproduce runs them last, as the report
 REPRODUCE_LOG = "reproduce.json"
 
@@ -410,6 +412,10 @@ def _execute(notebook: pathlib.Path, name: str, params: Mapping[str, Any], recor
     import papermill
 
     output = run_dir / runs.NOTEBOOK_FILE
+    try:  # the worker counts this machine gives (`auto`: its cores), beside the values as given: a resume re-resolves
+        record = {**record, WORKERS_RESOLVED: resolved_workers(params)}
+    except ValueError as err:
+        raise KlearError(f"{name}: {err}") from None
     try:
         runs.write_atomic(run_dir / runs.PARAMS_FILE, runs.to_json_text(record, indent=2) + "\n")
     except OSError as err:

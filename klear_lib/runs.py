@@ -10,7 +10,8 @@ A run directory is ``<output_root>/<notebook name>/<YYYYmmdd-HHMMSS>`` (``create
 ``metrics.jsonl``   one JSON object per line, appended as training goes (``MetricsWriter``)
 ``summary.json``    the run's final numbers (``write_summary``)
 ``notebook.ipynb``  the executed notebook, when the run went through ``klear run`` (papermill)
-``params.json``     the notebook parameters ``klear run`` passed, written before execution
+``params.json``     the notebook parameters ``klear run`` passed, written before execution, and
+                    ``workers_resolved``: the worker counts this machine gave (``workers: auto`` -> its cores)
 ``preset.json``     the preset the parameters are (or ``custom``, with what differs), and the launcher
 ==================  ===========================================================================
 

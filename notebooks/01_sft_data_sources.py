@@ -68,7 +68,7 @@ sft_batch_size = 8
 eval_n = 4
 eval_temperature = 1.0                         # the paper evaluates at 0.6; see "Evaluation temperature"
 max_new_tokens = 128
-workers = 2                                    # units of work at a time (one CPU thread each)
+workers = "auto"                               # units of work at a time, one CPU thread each ("auto": the cores)
 use_cpu = True
 bf16 = False
 report_to = "none"                             # or tensorboard / trackio / wandb (installed): <run dir>/tracking
@@ -97,8 +97,9 @@ notebook.quiet()
 NAME = "01_sft_data_sources"
 DECLARED = notebook.declared_claims(NAME, globals())  # the claims this run makes (their `requires`)
 cfg = notebook.config_from(SFTExperimentConfig, globals())
-notebook.require(globals(), counts=("pool_per_source", "budget", "score_samples", "base_batch_size", "workers"),
+notebook.require(globals(), counts=("pool_per_source", "budget", "score_samples", "base_batch_size"),
                  positive=("base_lr", "base_epochs"), fractions=("base_error_rate",))
+workers = notebook.workers(workers)  # "auto" -> the cores this process may use (presets.resolve_workers)
 CONDITIONS = {"styles": notebook.parse_list(sources, "sources", allowed=teachers.STYLE_SOURCES)}
 POOLS = {"styles": teachers.STYLE_SOURCES, "defects": teachers.SOURCES}
 if defect_sources:

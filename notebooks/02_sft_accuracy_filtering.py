@@ -63,7 +63,7 @@ sft_batch_size = 8
 eval_n = 4
 eval_temperature = 0.6                         # the paper's
 max_new_tokens = 64                            # level 4's answer is 50 tokens
-workers = 2                                    # units of work at a time (one CPU thread each)
+workers = "auto"                               # units of work at a time, one CPU thread each ("auto": the cores)
 use_cpu = True
 bf16 = False
 report_to = "none"                             # or tensorboard / trackio / wandb (installed): <run dir>/tracking
@@ -89,8 +89,9 @@ notebook.quiet()
 NAME = "02_sft_accuracy_filtering"
 DECLARED = notebook.declared_claims(NAME, globals())  # the claims this run makes (their `requires`)
 cfg = notebook.config_from(SFTExperimentConfig, globals())
-notebook.require(globals(), counts=("pool_size", "pass_samples", "base_batch_size", "workers"),
+notebook.require(globals(), counts=("pool_size", "pass_samples", "base_batch_size"),
                  positive=("base_lr", "base_epochs"), fractions=("late_share", "easy_above", "base_error_rate"))
+workers = notebook.workers(workers)  # "auto" -> the cores this process may use (presets.resolve_workers)
 TEACHERS = {"near_miss": teachers.near_miss_matching(teachers.GRADED_TEACHER, late_share=late_share),
             "graded": teachers.GRADED_TEACHER}
 if teacher not in TEACHERS:

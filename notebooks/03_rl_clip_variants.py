@@ -78,7 +78,7 @@ eval_temperature = 0.6                         # the paper's
 control_rollouts = 1                           # rollouts of the one-update-per-rollout control
 panel_seeds = 20                               # the mechanism panel's seeds ...
 panel_groups = 128                             # ... and groups of samples per run
-workers = 2                                    # runs at a time (one CPU thread each)
+workers = "auto"                               # runs at a time, one CPU thread each ("auto": the cores)
 report_to = "none"                             # or tensorboard / trackio / wandb (installed): <run dir>/tracking
 use_vllm = False
 use_cpu = True
@@ -103,7 +103,8 @@ from klear_lib.config import RLExperimentConfig
 from klear_lib.train import rl_jobs
 
 notebook.quiet()
-notebook.require(globals(), counts=("control_rollouts", "panel_seeds", "panel_groups", "workers"))
+notebook.require(globals(), counts=("control_rollouts", "panel_seeds", "panel_groups"))
+workers = notebook.workers(workers)  # "auto" -> the cores this process may use (presets.resolve_workers)
 NAME = "03_rl_clip_variants"
 DECLARED = notebook.declared_claims(NAME, globals())  # the claims this run makes (their `requires`)
 ARMS = {  # name -> the keys it changes (paper: DAPO clip 0.2/0.28, GPPO β 1)

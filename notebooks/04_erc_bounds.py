@@ -72,7 +72,7 @@ eval_n = 2                                     # held-out samples per problem, a
 eval_temperature = 0.6
 collapse_drop = 0.05                           # a run whose rest probe ends this far below the start collapsed
 probe_prompts = 32                             # the noise-floor probe's prompts, 4 completions each
-workers = 2
+workers = "auto"                               # units of work at a time, one CPU thread each ("auto": the cores)
 report_to = "none"                             # or tensorboard / trackio / wandb (installed): <run dir>/tracking
 use_vllm = False
 use_cpu = True
@@ -98,7 +98,8 @@ from klear_lib.losses import ENTROPY_BUCKETS
 from klear_lib.train import rl_jobs
 
 notebook.quiet()
-notebook.require(globals(), counts=("probe_prompts", "workers"), fractions=("collapse_drop",))
+notebook.require(globals(), counts=("probe_prompts",), fractions=("collapse_drop",))
+workers = notebook.workers(workers)  # "auto" -> the cores this process may use (presets.resolve_workers)
 NAME = "04_erc_bounds"
 DECLARED = notebook.declared_claims(NAME, globals())  # the claims this run makes (their `requires`)
 DAPO = dict(loss_name="ppo_clip", clip_ratio_low=0.2, clip_ratio_high=0.28)

@@ -60,7 +60,7 @@ eval_n = 4                                     # held-out samples per problem, a
 eval_temperature = 1.0                         # the rollouts' temperature; see "Evaluation temperature"
 reward_workers = 2                             # sandbox processes per unit (2 fill the wait on each sandbox start)
 test_timeout_s = 2.0
-workers = 2                                    # units of work at a time (one CPU thread each)
+workers = "auto"                               # units of work at a time, one CPU thread each ("auto": the cores)
 use_vllm = False
 use_cpu = True
 bf16 = False
@@ -88,8 +88,9 @@ from klear_lib.rewards.pool_wrappers import MemoPool
 from klear_lib.train import code_jobs
 
 notebook.quiet()
-notebook.require(globals(), counts=("branches", "reward_workers", "workers"), positive=("test_timeout_s",),
+notebook.require(globals(), counts=("branches", "reward_workers"), positive=("test_timeout_s",),
                  fractions=("sparse_error_rate",))
+workers = notebook.workers(workers)  # "auto" -> the cores this process may use (presets.resolve_workers)
 NAME = "05_code_reward"
 DECLARED = notebook.declared_claims(NAME, globals())  # the claims this run makes (their `requires`)
 base = notebook.config_from(RLExperimentConfig, globals(), loss_name="gppo", fork_facts="", eval_every=rollouts,

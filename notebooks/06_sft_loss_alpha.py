@@ -58,7 +58,7 @@ max_completion_length = 56
 rl_lr = 5.0e-5
 eval_n = 2                                     # held-out samples per problem, after the last rollout (descriptive)
 eval_temperature = 0.6                         # the paper's
-workers = 2
+workers = "auto"                               # units of work at a time, one CPU thread each ("auto": the cores)
 report_to = "none"                             # or tensorboard / trackio / wandb (installed): <run dir>/tracking
 use_vllm = False
 use_cpu = True
@@ -79,7 +79,7 @@ from klear_lib.config import RLExperimentConfig
 from klear_lib.train import rl_jobs
 
 notebook.quiet()
-notebook.require(globals(), counts=("workers",))
+workers = notebook.workers(workers)  # "auto" -> the cores this process may use (presets.resolve_workers)
 NAME = "06_sft_loss_alpha"
 DECLARED = notebook.declared_claims(NAME, globals())  # the claims this run makes (their `requires`)
 AA_OFFSET = 1000  # the second seed stream of the A/A pair: seed s + 1000

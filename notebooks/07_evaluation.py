@@ -47,7 +47,7 @@ repetition_penalty = 1.05
 seed = 0
 limit = 0                                      # first `limit` problems of each benchmark (0: all)
 batch_size = 128                               # HF engine: sequences per generate call
-judge_workers = 2
+judge_workers = "auto"                         # math-verify judge processes: "auto" is this machine's cores
 # The tiny task and the tiny training (used when train_tiny): notebook 03's SFT start, then Klear's recipe at tiny
 # scale (GPPO ε 0.2/0.28, α 0.1, 16 updates per rollout)
 model = "tiny"
@@ -106,8 +106,9 @@ def pairs(text, what):
 
 
 quiet()
-notebook.require(globals(), counts=("original_context", "batch_size", "judge_workers"),
+notebook.require(globals(), counts=("original_context", "batch_size"),
                  non_negative=("n", "limit", "yarn_factor", "top_k", "seed"))
+judge_workers = notebook.workers(judge_workers, "judge_workers")  # "auto" -> this process's cores
 bench_names = [b.strip() for b in benchmarks.split(",") if b.strip()]
 unknown = [b for b in bench_names if b not in B.BENCHMARKS]
 if unknown:
@@ -133,7 +134,7 @@ run_path = notebook.start_run("07_evaluation", run_dir, params=globals(), config
     "claims_declared": DECLARED,
     "seed": seed, "benchmarks": bench_names, "benchmark_paths": paths, "checkpoints": ckpts, "train_tiny": train_tiny,
     "tiny": base, "engine": engine, "n": n, "budgets": budget_list, "yarn_factor": yarn_factor,
-    "original_context": original_context, "protocol": protocol, "limit": limit})
+    "original_context": original_context, "protocol": protocol, "limit": limit, "judge_workers": judge_workers})
 print(f"run dir: {run_path}")
 
 # %% [markdown]

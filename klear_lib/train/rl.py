@@ -9,8 +9,9 @@ How it departs from TRL's GRPOTrainer (and so from GRPO as TRL implements it):
    ``KlearLossConfig``; with ``klear=``, a TRL setting that disagrees with it is refused, naming the klear field.
    ``beta`` > 0 and the TRL options klear has no counterpart for are refused.
 2. The rollout policy's per-token entropies are kept from the old-log-prob pass (TRL discards them) and handed
-   to the loss as ``old_entropy`` for ERC. Log-probs and entropies come from ``klear_lib.logprobs`` on the
-   backbone's hidden states (``KlearLossConfig.logprob_backend="klear"``) or from TRL's fused LM head ("trl").
+   to the loss as ``old_entropy`` for ERC; in a one-process text run that pass waits for the group filter and runs
+   over the kept groups' rows only (``old_pass_kept_only``; TRL's, over every row). Log-probs and entropies come
+   from ``klear_lib.logprobs`` on the hidden states (``logprob_backend="klear"``) or TRL's fused LM head ("trl").
 3. Advantages are recomputed from the raw rewards with ``klear_lib.advantages.grpo_advantages`` (Klear: the
    unbiased std and ε = 1e-6; TRL: ε = 1e-4).
 4. Dynamic sampling, as Klear does it, replaces TRL's fixed ``steps_per_generation`` buffer: a rollout generates
@@ -113,6 +114,10 @@ class KlearGRPOTrainer(GRPOTrainer):
     and the finished rollout's ``klear/*`` counts and TRL's generation metrics (``reward``, lengths ...).
     """
 
+    old_pass_kept_only = True
+    """Run a training rollout's old-log-prob pass over the rows of the groups it trains on only (after the group
+    filter and the cap), not over every generated row; False: TRL's pass over every row (the benchmark's baseline)."""
+
     def __init__(self, *args, klear: KlearLossConfig | None = None, rollouts: int | None = None,
                  on_rollout: tuple[Callable[["KlearGRPOTrainer", dict], None], ...] = (),
                  focus: Callable | None = None, on_no_updates: str = "raise", **kwargs):
@@ -171,6 +176,7 @@ class KlearGRPOTrainer(GRPOTrainer):
             raise ValueError("random_stop_classes names fork classes, but the task has no fork tokens (no focus)")
         self._capture_old_entropy = False
         self._captured_old_entropy: torch.Tensor | None = None
+        self._defer_old_pass, self._deferred_old = False, None  # a generation batch's old pass, run after the filter
         self._last_rewards: torch.Tensor | None = None
         self._last_group_keep: torch.Tensor | None = None
         self._queue: list[dict] = []  # the packed mini-batches of the current rollout, not yet trained on
@@ -230,6 +236,14 @@ class KlearGRPOTrainer(GRPOTrainer):
 
     # -- rollout: keep the entropies and the raw rewards that TRL throws away --------------------------------
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *a, **kw):
+        if self._capture_old_entropy and self._defer_old_pass and self._deferrable(a, kw):
+            # a training rollout's old-log-prob pass: run over the kept rows after the filter (_old_pass_over_kept);
+            # until then every row reads NaN, so that a row never computed cannot pass unseen
+            self._deferred_old = (input_ids, attention_mask, logits_to_keep, (a[0] if a else kw.get("batch_size")))
+            self._capture_old_entropy = False
+            nan = torch.full(input_ids[:, -logits_to_keep:].shape, float("nan"), device=input_ids.device)
+            self._captured_old_entropy = nan.clone()
+            return nan, nan.clone(), None
         if self._capture_old_entropy:  # the old-log-prob pass inside _generate_and_score_completions
             kw["compute_entropy"] = True
             logps, entropies, aux = self._logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *a,
@@ -248,6 +262,29 @@ class KlearGRPOTrainer(GRPOTrainer):
                 **multimodal)
         return klear_token_stats(model, input_ids, attention_mask, logits_to_keep, temperature=self.temperature,
                                  batch_size=batch_size, autocast=self.accelerator.autocast)
+
+    def _deferrable(self, args: tuple, kw: dict) -> bool:
+        """Whether the rollout's old-log-prob pass may wait for the group filter: one process (under ZeRO-3 or FSDP
+        each forward gathers parameters with the others, so all must run as many), text only, no auxiliary loss
+        (TRL's vLLM importance-sampling correction, which reads the pass inside TRL's, is refused in __init__)."""
+        return len(args) <= 1 and self.accelerator.num_processes == 1 and not kw.get("compute_aux_loss") and all(
+            v is None for k, v in kw.items() if k not in ("batch_size", "compute_entropy", "compute_aux_loss"))
+
+    def _old_pass_over_kept(self, part: dict, deferred: tuple, rows: list[int]) -> None:
+        """The old-log-prob pass (the rollout policy's log-probs and entropies) over ``rows`` of one generation batch
+        into its ``old_per_token_logps``/``old_entropy`` (NaN elsewhere): a rollout trains on its kept groups only
+        (``benchmarks/bench_old_pass.py``). Runs before the rollout's first optimizer step, as TRL's pass does."""
+        from trl.models.utils import disable_gradient_checkpointing
+
+        if not rows:
+            return
+        input_ids, attention_mask, logits_to_keep, batch_size = deferred
+        index = torch.tensor(rows, dtype=torch.long, device=input_ids.device)
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            logps, entropies, _ = self._logps_and_entropies(
+                self.model, input_ids[index], attention_mask[index], logits_to_keep, batch_size, compute_entropy=True)
+        part["old_per_token_logps"][index] = logps.to(part["old_per_token_logps"].dtype)
+        part["old_entropy"][index] = entropies.to(part["old_entropy"].dtype)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -318,12 +355,18 @@ class KlearGRPOTrainer(GRPOTrainer):
         n_local = self.gen_prompts // world
         before = {key: len(v) for key, v in self._metrics["train"].items()}
         parts, order, generated = [], [], 0  # order: (part, global group index) of kept groups, in draw order
+        deferred = []  # per part: its old-log-prob pass's inputs, when it waits for the filter (else None)
         while len(order) < self.target_prompts and len(parts) < self.klear.max_gen_batches:
             # draw-order group g is generated by process g % world as its (g // world)-th prompt, so that the
             # kept groups, taken in draw order, spread over the processes
             idx = self._draw_prompts(self.gen_prompts)[rank::world]
             rows = [self.train_dataset[i] for i in idx for _ in range(G)]
-            out = self._generate_and_score_completions(rows)
+            self._defer_old_pass, self._deferred_old = self.old_pass_kept_only, None
+            try:
+                out = self._generate_and_score_completions(rows)
+            finally:
+                self._defer_old_pass = False
+            deferred.append(self._deferred_old)
             gathered = self._last_group_keep  # (gen_prompts,) in gather order: process by process
             kept = [g for g in range(self.gen_prompts) if gathered[(g % world) * n_local + g // world]]
             self._groups[0] += self.gen_prompts
@@ -332,6 +375,9 @@ class KlearGRPOTrainer(GRPOTrainer):
             order += [(len(parts), g) for g in kept][: self.target_prompts - len(order)]
             parts.append(out)
             generated += self.gen_prompts
+        for p, args in [(p, a) for p, a in enumerate(deferred) if a is not None]:  # the old pass, kept rows only
+            self._old_pass_over_kept(parts[p], args, [r for part, g in order if part == p and g % world == rank
+                                                      for r in range((g // world) * G, (g // world + 1) * G)])
         record, metrics = {}, self._metrics["train"]
         for key in list(metrics):  # generation metrics belong to the rollout, not to an optimizer step
             new = metrics[key][before.get(key, 0):]
@@ -367,6 +413,8 @@ class KlearGRPOTrainer(GRPOTrainer):
         else:
             pieces = [_select_rows(parts[0], [0])]
             pieces[0]["klear_keep"] = torch.zeros_like(pieces[0]["klear_keep"])
+            for key in {"old_per_token_logps", "old_entropy"} & pieces[0].keys():  # NaN if never computed: 0 x NaN
+                pieces[0][key] = torch.nan_to_num(pieces[0][key], nan=0.0)  # is NaN in the masked loss
         batch = _concat_rows(pieces, pad_id=self._tokenizer.pad_token_id)
         batch["klear_informative"] = len(groups) * G  # global count of kept completions in this mini-batch
         return batch
