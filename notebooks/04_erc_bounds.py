@@ -17,10 +17,15 @@
 # no fork fact: what the SFT start already knows, ≈0.99) over the rollouts, ERC (0.8, 1.2) − DAPO, paired by seed,
 # at a learning rate where DAPO alone loses some of it. Fork accuracy, which ERC must slow (it stops the very
 # corrections a moving mode needs), is shown but is not the claim. Secondary claims (Holm-adjusted): ERC against a
-# random mask, against half the learning rate, and the fluctuation of the gradient norm from rollout to rollout.
-# Six seeds decide one Holm-adjusted secondary (the exact sign-flip p is at least 2^-5 = 3.1%, above 5%/2), so the
-# `tiny` preset tests the random mask alone and shows the gradient-norm fluctuation without testing it; the `gpu`
-# preset's eight seeds test all three. The report lists the declared claims a run did not test, with what they need.
+# random mask, against half the learning rate, the fluctuation of the gradient norm from rollout to rollout, the
+# largest rollout-to-rollout jump of the mean policy entropy (ERC lower; partly ERC's own bound read back), and the
+# paper's second integration, **ERC on GPPO** (`gppo_erc_0.8_1.2` − `gppo`, the same rest-probe area; GPPO with
+# DAPO's clip 0.2/0.28 and β 1, so the pair differs from the DAPO pair in the loss alone, and without a random-mask
+# or half-lr control of its own). With k secondaries at n seeds the smallest Holm-adjusted sign-flip p is
+# k · 2^-(n-1): six seeds decide one (3.1% ≤ 5%), seven decide three (4.7%), eight five (3.9%). The `tiny` preset
+# makes three (the random mask, the entropy jump, ERC on GPPO) and shows the gradient-norm fluctuation without
+# testing it; the `gpu` preset makes all five. The report lists the declared claims a run did not test, with what
+# they need.
 #
 # **Why controls.** Stopping the gradient of some tokens while keeping them in the denominator shrinks the update
 # whatever the criterion. So ERC is compared with **DAPO plus a random token mask matched to where ERC stops**: in
@@ -41,16 +46,18 @@
 # of a "≈20% of tokens" such noise could be on this model.
 #
 # **What the tiny stand-in can and cannot show.** It can show whether ERC's criterion adds anything over a matched
-# random mask and a smaller step when training wobbles, on a 1M-parameter model. It cannot show the paper's entropy
-# dynamics over thousands of steps of a 7B model, nor bf16 noise of a large model (whose logits are far less exact
-# than this one's).
+# random mask and a smaller step when training wobbles, on a 1M-parameter model, and whether the same bounds keep the
+# rest probe on GPPO. It cannot show the paper's entropy dynamics over thousands of steps of a 7B model, nor bf16
+# noise of a large model (whose logits are far less exact than this one's); over 8 rollouts the entropy read-out is
+# the largest of 7 changes, not a curve's shape.
 
 # %% tags=["parameters"]
 # Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
-arms = "dapo,dapo_erc_0.8_1.2,dapo_random_mask"  # + dapo_half_lr (its secondary) where the seeds decide it
+arms = "dapo,dapo_erc_0.8_1.2,dapo_random_mask,gppo,gppo_erc_0.8_1.2"  # + dapo_half_lr where the seeds decide it
 seeds = "0,1,2,3,4,5"
 grad_norm_claim = False                        # test the gradient-norm fluctuation as a secondary (else shown only)
+entropy_claim = True                           # test the largest per-rollout entropy jump as a secondary
 model = "tiny"
 n_train = 6000
 n_heldout = 128
@@ -80,9 +87,9 @@ bf16 = False
 
 # %% [markdown]
 # ## Configuration
-# Every arm is a diff against one base config: the ERC bounds, the random mask, or the learning rate. The held-out
-# evaluation runs once, after the last rollout; the curves are the exact probes, recorded every rollout. The claims
-# are read here, before any training.
+# Every arm is a diff against one base config: the loss (PPO-clip with DAPO's clip-higher, or GPPO), the ERC bounds,
+# the random mask, or the learning rate. The held-out evaluation runs once, after the last rollout; the curves are
+# the exact probes, recorded every rollout. The claims are read here, before any training.
 
 # %% tags=["config"]
 import time
@@ -103,12 +110,16 @@ workers = notebook.workers(workers)  # "auto" -> the cores this process may use 
 NAME = "04_erc_bounds"
 DECLARED = notebook.declared_claims(NAME, globals())  # the claims this run makes (their `requires`)
 DAPO = dict(loss_name="ppo_clip", clip_ratio_low=0.2, clip_ratio_high=0.28)
+GPPO = dict(DAPO, loss_name="gppo")  # β_l = β_h = 1 (Klear's); DAPO's clip 0.2/0.28 (ERC's code: 0.2/0.2)
 ERC = "dapo_erc_0.8_1.2"
+GPPO_ERC = "gppo_erc_0.8_1.2"
 ARMS = {
     "dapo": dict(DAPO),
     ERC: dict(DAPO, erc_low=0.8, erc_high=1.2),
     "dapo_random_mask": dict(DAPO),  # random_stop_classes: ERC's measured stopped share per class, per seed
     "dapo_half_lr": dict(DAPO, rl_lr=rl_lr / 2),
+    "gppo": dict(GPPO),
+    GPPO_ERC: dict(GPPO, erc_low=0.8, erc_high=1.2),
 }
 arm_list = notebook.parse_list(arms, "arms", allowed=ARMS)
 if not {"dapo", ERC} <= set(arm_list):
@@ -151,7 +162,7 @@ display((100 * floor_table).round(3))
 
 # %% [markdown]
 # ## RL: every arm × every seed
-# The ERC arm runs first (with DAPO and half lr); the random-mask arm of seed s then stops, at random, in each token
+# The ERC arm runs first (with DAPO, half lr and the GPPO pair); the random-mask arm of seed s then stops, at random, in each token
 # class (old-entropy bucket × fork/rest) the share that ERC stopped in that class over the steps of its seed-s run.
 
 # %%
@@ -233,7 +244,8 @@ erc_stopped = float(erc_steps["stopped_frac"].mean())
 # ## Read-outs per seed, and the claims
 # Per run: the area under the rest probe (the declared primary read-out) and the fork probe over the rollouts, the
 # coefficient of variation of the per-rollout mean gradient norm, the largest rollout-to-rollout change of mean
-# entropy, whether the run collapsed (its rest probe ended `collapse_drop` below the start), and the held-out
+# entropy (each step's token-mean entropy of the current policy on its mini-batch, averaged over the rollout's steps:
+# the entropy secondary's read-out), whether the run collapsed (its rest probe ended `collapse_drop` below the start), and the held-out
 # accuracy after the last rollout.
 
 # %%
@@ -271,12 +283,14 @@ claim_list = [
                           criterion="ERC stops >= 1% of response tokens", seeds=len(seed_list)),
     ss.check(DECLARED),
 ]
-# The secondaries this preset makes (DECLARED: each claim's `requires`, its arm or grad_norm_claim); ERC - the other.
-for cid, (arm, col) in {"erc_vs_random_mask.rest_probe_auc": ("dapo_random_mask", "rest_probe_auc"),
-                        "erc_vs_half_lr.rest_probe_auc": ("dapo_half_lr", "rest_probe_auc"),
-                        "erc_vs_dapo.grad_norm_cv": ("dapo", "grad_norm_cv")}.items():
+# The secondaries this preset makes (DECLARED: each claim's `requires`, its arms or flag): the first arm - the second.
+for cid, (a, b, col) in {"erc_vs_random_mask.rest_probe_auc": (ERC, "dapo_random_mask", "rest_probe_auc"),
+                         "erc_vs_half_lr.rest_probe_auc": (ERC, "dapo_half_lr", "rest_probe_auc"),
+                         "erc_vs_dapo.grad_norm_cv": (ERC, "dapo", "grad_norm_cv"),
+                         "erc_vs_dapo.entropy_stability": (ERC, "dapo", "max_entropy_jump"),
+                         "erc_on_gppo_vs_gppo.rest_probe_auc": (GPPO_ERC, "gppo", "rest_probe_auc")}.items():
     if cid in DECLARED:
-        claim_list.append(claims.declared_claim(DECLARED, cid, by_seed(ERC, col), by_seed(arm, col)))
+        claim_list.append(claims.declared_claim(DECLARED, cid, by_seed(a, col), by_seed(b, col)))
 if "dapo_random_mask" in arm_list:
     claim_list.append(claims.declared_check(
         DECLARED, "random_mask_matched", misplaced_ratio <= MISPLACED_MAX, 100 * misplaced_ratio,
@@ -289,9 +303,14 @@ display(notebook.claims_frame(claim_list))
 # ## Beside the paper
 
 # %%
+PAPER_ROLE = {"dapo": "baseline: entropy and gradient norm fluctuate",
+              ERC: "stable entropy and gradient norm, higher accuracy",
+              "gppo": "GPPO baseline: entropy and gradient norm fluctuate",
+              GPPO_ERC: "ERC on GPPO: stable entropy and gradient norm, higher accuracy"}
 summary_table = per_run.groupby("variant", sort=False).agg(
     rest_probe_auc=("rest_probe_auc", "mean"), collapse_rate=("collapsed", "mean"),
-    grad_norm_cv=("grad_norm_cv", "mean"), fork_probe_auc=("fork_probe_auc", "mean"),
+    grad_norm_cv=("grad_norm_cv", "mean"), max_entropy_jump=("max_entropy_jump", "mean"),
+    fork_probe_auc=("fork_probe_auc", "mean"),
     stopped_pct=("stopped_frac", lambda x: 100 * x.mean()), seeds=("seed", "nunique")).reindex(arm_list)
 summary = {
     **ss.summary(),
@@ -304,14 +323,15 @@ summary = {
     "beside_paper": {
         "caption": "ERC beside its controls (ours: mean over seeds; the probes' areas over the rollouts)",
         "columns": ["arm", "paper", "ours: rest-probe area", "ours: collapse rate", "ours: grad-norm CV (per rollout)",
-                    "ours: fork-probe area", "ours: stopped %", "seeds"],
-        "rows": [[a, {"dapo": "baseline: entropy and gradient norm fluctuate",
-                      ERC: "stable entropy and gradient norm, higher accuracy"}.get(a, "(a control; not in the paper)"),
+                    "ours: largest entropy jump (per rollout)", "ours: fork-probe area", "ours: stopped %", "seeds"],
+        "rows": [[a, PAPER_ROLE.get(a, "(a control; not in the paper)"),
                   round(r["rest_probe_auc"], 4), round(r["collapse_rate"], 2), round(r["grad_norm_cv"], 3),
-                  round(r["fork_probe_auc"], 3), round(r["stopped_pct"], 2), int(r["seeds"])]
+                  round(r["max_entropy_jump"], 4), round(r["fork_probe_auc"], 3), round(r["stopped_pct"], 2),
+                  int(r["seeds"])]
                  for a, r in summary_table.iterrows()],
         "note": "Controls: a random mask matched to where ERC stops, and (where the preset runs it) half the learning "
-                "rate. A claim that ERC stabilises training holds here only if ERC beats them too (see the claims).",
+                "rate. A claim that ERC stabilises training holds here only if ERC beats them too (see the claims). "
+                "The GPPO pair repeats the primary's comparison on GPPO, without those controls.",
     },
 }
 notebook.write_summary(run_path, summary)
@@ -324,7 +344,7 @@ print("every requested arm and seed ran:", len(per_run) == len(arm_list) * len(s
 updates = steps[(steps["actor/response_tokens"] > 0) & (steps["grad_norm"] > 0)].groupby(["variant", "seed"]).size()
 print("every run made an update with a non-zero gradient on response tokens:", len(updates) == len(per_run))
 print("without ERC or a mask nothing is stopped:",
-      bool((steps[steps["variant"].isin(["dapo", "dapo_half_lr"])]["stopped_frac"] == 0).all()))
+      bool((steps[steps["variant"].isin(["dapo", "dapo_half_lr", "gppo"])]["stopped_frac"] == 0).all()))
 print("the exact fp32 path has no noise floor:",
       bool((floor[floor["old entropies from"] != "bf16 pass"]["stopped_frac"] == 0).all()))
 shares = steps[[f"klear/token_share/{c.replace('/', '_')}" for c in CLASSES]].sum(axis=1)
