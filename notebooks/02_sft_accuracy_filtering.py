@@ -18,13 +18,21 @@
 # questions it never gets right), so two secondary claims (Holm-adjusted) take those away: Mixed against Only-True
 # *upsampled to Mixed's count* (`only_true_matched`: volume), and Mixed against **Mixed with every wrong response
 # replaced by the teacher's right one to the same question** (`only_true_covered`: the same questions, the same
-# count, the same style; only correctness differs). A third secondary: on easy problems Only-True beats Mixed.
+# count, the same style; only correctness differs). A third reads the primary's runs on *every level* (the paper
+# scores its benchmarks whole; the primary reads the hardest level only). A fourth: on easy problems Only-True beats
+# Mixed (where `subsets` lists easy).
+#
+# **A seed is a replicate.** Seed s trains its own base model, draws its own teacher pool (its own pass-rate
+# estimates, so its own hard/easy split) and its own data for every arm, then trains the arms from its own base:
+# what a replication on another machine would vary, the interval covers (issue 34: with one shared base, two
+# machines' runs of this notebook moved by 2-3 of its intervals). The bases are units of work in the worker pool,
+# cached by content in the output root.
 #
 # **The stand-in, built so the answer can go either way.**
 # * *A base that has not seen long chains.* The base model learns the task's procedure on the two easiest levels
 #   only (two and three operands), for 750 steps at batch 16 (past the transition in which the tiny model learns
-#   the addition table); the hardest level (six operands, five steps) is new to it: its accuracy there is printed
-#   before any SFT.
+#   the addition table); the hardest level (six operands, five steps) is new to it: every seed's base's accuracy
+#   there is printed before any SFT.
 # * *Incorrect traces that are near misses.* The teacher (`teachers.near_miss_matching`) writes the correct full
 #   procedure and, in a share of its responses calibrated to the first version's per-level accuracy (95 / 72 / 44 /
 #   18% right at levels 1-4), makes exactly one wrong step, placed in the late half of the chain; every step after it
