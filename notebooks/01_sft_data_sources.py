@@ -23,13 +23,14 @@
 # one source: the **Top-2 of two orders** (the best-scored source of each: two procedures, not only two styles) and
 # the **Top-2 of two sources that add in the same order**, the control for the rival reading "two procedures confuse
 # a 1M-parameter model". Both are defined by procedure, not by rank alone: the sources' scores are close by design,
-# so their ranking (and with it the plain Top-2) changes from one machine to the next. A declared check: in the
-# **defects** condition (the project's first sources, each with an injected defect: 30% wrong steps, 30% broken
+# so their ranking (and with it the plain Top-2) changes from one seed, or machine, to the next. A declared check: in
+# the **defects** condition (the project's first sources, each with an injected defect: 30% wrong steps, 30% broken
 # format, only two levels, ...) adding sources adds worse data, so Top-1 must win there; it checks the pipeline, it
 # is not a test of the paper, and runs on `defect_seeds` (fewer: its effect is large), on the same per-seed bases.
 # A declared check asks that every seed's base learned the task. The paper's other Top-K finding, *Top-2 above Top-1
-# for code sources*, is not tested here: the stand-in has no code sources (its sources are the arithmetic task's
-# teachers), so no claim is declared for it.
+# for code sources* (LiveCodeBench), is not tested here: every source of this stand-in is a teacher of the arithmetic
+# task and none writes code, so no claim is declared for it (a test would need code sources of matched quality on
+# notebook 05's program task, and a base that writes programs).
 #
 # **A replicate is the whole procedure from its seed** (the project's rule: seeds around one shared model are not
 # replicates). Seed s trains its own base on the noisy teacher (its data drawn from seed s), scores and ranks the
@@ -47,9 +48,9 @@
 #
 # **The tiny stand-in.** A ≈1M-parameter Qwen3 is first trained into a *base* on a noisy teacher (20% wrong
 # steps) that writes in every style of the main condition, one drawn per problem, so that no source's style is the
-# base's own; seed s's scoring runs and arms continue SFT from seed s's base. This reproduces the mechanism (what mixing sources does at a
-# fixed budget), not the paper's numbers. It cannot show what a 7B model's capacity does with diverse styles, nor
-# sources that differ in what they know rather than in how they write it down.
+# base's own; seed s's scoring runs and arms continue SFT from seed s's base. This reproduces the mechanism (what
+# mixing sources does at a fixed budget), not the paper's numbers. It cannot show what a 7B model's capacity does
+# with diverse styles, nor sources that differ in what they know rather than in how they write it down.
 
 # %% tags=["parameters"]
 # Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
@@ -213,7 +214,8 @@ display(bases.table.round(3))
 if not bases.learned:
     low = [s for s in BASE_SEEDS if bases.evals[s]["avg_at_n"] < sft_bases.BASE_LEARNED_MIN]
     print(f"WARNING: the bases of seeds {low} answer under {sft_bases.BASE_LEARNED_MIN:.0%} of test problems (chance "
-          "is 10%): they have not learned the task, and those seeds' arms start from noise. Train longer (base_epochs).")
+          "is 10%): they have not learned the task, and those seeds' arms start from noise. Train longer "
+          "(base_epochs).")
 
 # %% [markdown]
 # ## Scoring the sources, from every seed's base
@@ -260,8 +262,9 @@ for c in CONDITIONS:
 # ## Top-K at a fixed budget
 # For each condition, arm and seed: `top_k_sources` takes an equal share of the budget from each of the arm's K
 # sources (K-center greedy inside each; the seed moves the first pick and the SFT's data order), one SFT from the
-# seed's base, test avg@n. The arms are defined by seed s's own ranking: `topK` takes the K best-scored sources; `topK_same_order` the K best-scored among the sources
-# that add in the order most of them use (the step order is a style feature of `teachers.TeacherSpec`);
+# seed's base, test avg@n. The arms are defined by seed s's own ranking: `topK` takes the K best-scored sources;
+# `topK_same_order` the K best-scored among the sources that add in the order most of them use (the step order is a
+# style feature of `teachers.TeacherSpec`);
 # `topK_mixed_order` the best-scored source of each order, then the best of the rest up to K
 # (`selection.top_k_arm`). The two Top-2 arms share the best source of the common order and differ in the second
 # only: another of the same procedure, or the best of the other. Units of work in worker processes, recorded when
@@ -392,7 +395,8 @@ notebook.write_summary(run_path, summary)
 # NBVAL_CHECK_OUTPUT
 # Invariants of the run, printed in a form that is the same on every machine and preset (nbval compares it).
 print("run-dir contract complete:", not runs.check_run_dir(run_path))
-print("a base per seed:", sorted(bases.dirs) == sorted(BASE_SEEDS) and len(set(bases.weights.values())) == len(BASE_SEEDS))
+print("a base per seed:",
+      sorted(bases.dirs) == sorted(BASE_SEEDS) and len(set(bases.weights.values())) == len(BASE_SEEDS))
 print("every source scored from every seed's base:",
       all(sorted(scores[c][s]) == sorted(CONDITIONS[c]) for c in CONDITIONS for s in SEEDS[c]))
 print("every condition, arm and seed ran:", len(df) == sum(len(ARM_LISTS[c]) * len(SEEDS[c]) for c in CONDITIONS))
