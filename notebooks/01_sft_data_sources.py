@@ -71,8 +71,8 @@ budget = 800                                   # samples per SFT run, whatever K
 score_samples = 400                            # samples of the short SFT that scores one source
 base_error_rate = 0.2                          # the base model's teacher (per-step error rate)
 base_lr = 2.0e-3
-base_epochs = 2.0
-base_batch_size = 16                           # 750 base steps; see "The base model"
+base_epochs = 3.0
+base_batch_size = 16                           # 1,125 base steps; see "The base models"
 sft_lr = 1.0e-3
 sft_epochs = 1.0
 sft_batch_size = 8
@@ -187,7 +187,8 @@ print(f"styles: kept-correct share minus its expectation, by source: {styles_gap
 # The starting point of seed s's scoring runs and arms: a fresh model (initialised from seed s), SFT on one response
 # per training problem from a teacher that errs on `base_error_rate` of its steps and writes in a style drawn from
 # the styles condition's sources, both drawn from seed s. The tiny model learns the addition table in a sudden
-# transition after a few hundred optimizer steps: a base gets 750 steps (batch 16) to be past it. Each base is a unit
+# transition after a few hundred optimizer steps, whose timing depends on the seed: a base gets 1,125 steps (3 epochs
+# at batch 16) to be past it (at 750, seed 1's base answered 27% of the test samples, seed 0's 92%). Each base is a unit
 # of work (`sft_bases.base_unit`, one thread, side by side), trained once per content and cached under the output
 # root's `.cache/` (a rerun or a resume reuses it), then evaluated on the test problems in its unit. The declared
 # check `bases_learned` asks that every seed's base learned the task.
