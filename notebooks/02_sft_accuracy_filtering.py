@@ -88,7 +88,7 @@ from IPython.display import display
 from klear_lib import claims, experiment, glossary, notebook, plots, runs
 from klear_lib.config import SFTExperimentConfig
 from klear_lib.data import selection, tasks, teachers
-from klear_lib.train import base_jobs, sft_jobs
+from klear_lib.train import sft_bases, sft_jobs
 from klear_lib.train.sft import SFTStageConfig, sft_samples
 
 notebook.quiet()
@@ -177,7 +177,7 @@ display(data_table.style.format("{:.3f}", subset=["teacher_correct"]).format("{:
 
 # %% [markdown]
 # ## The base models: one per seed
-# Seed s's base model is a unit of work in the worker pool (`train.base_jobs.seed_bases`, one CPU thread each, side
+# Seed s's base model is a unit of work in the worker pool (`train.sft_bases.base_unit`, one CPU thread each, side
 # by side), initialised from seed s and trained on `base_levels` only, from a teacher that errs on
 # `base_error_rate` of its steps, on its own draw of samples; each is cached by its content under the output root's
 # `.cache/` (a base another run trained into the same root is reused). Its accuracy per level, before any Mixed or
@@ -187,12 +187,21 @@ display(data_table.style.format("{:.3f}", subset=["teacher_correct"]).format("{:
 base_train = [p for p in train if p.level in base_level_list]
 corpus = teachers.corpus([spec, teachers.GRADED_TEACHER], train)
 EVAL = dict(n=cfg.eval_n, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p, max_new_tokens=cfg.max_new_tokens)
-bases = base_jobs.seed_bases(
-    cfg, seed_list, run_path, corpus=corpus, stage=base_stage, problems=test, evaluation=EVAL,
-    samples={s: sft_samples(base_train, error_rate=base_error_rate, seed=cfg.data_seed + s) for s in seed_list},
-    cache_root=notebook.cache_root(run_path), workers=workers)
+corpus_path = run_path / "base" / "corpus.json"
+corpus_path.parent.mkdir(parents=True, exist_ok=True)
+runs.write_atomic(corpus_path, runs.to_json_text(corpus, "corpus") + "\n")
+base_jobs = {}
+for s in seed_list:
+    folder = run_path / "base" / f"seed={s}"
+    data = sft_jobs.write_samples(folder / "samples.jsonl",
+                                  sft_samples(base_train, error_rate=base_error_rate, seed=cfg.data_seed + s))
+    base_jobs[s] = experiment.Job(f"base/seed={s}", "klear_lib.train.sft_bases:base_unit", {
+        "config": {**vars(cfg.replace(seed=s))}, "corpus": str(corpus_path), "data": str(data),
+        "stage": {**vars(base_stage), "seed": s}, "problems": [p.to_dict() for p in test], "evaluation": EVAL,
+        "cache_root": str(notebook.cache_root(run_path)), "out_dir": str(folder), "tags": {"stage": "base", "seed": s}})
+bases = sft_bases.seed_bases(base_jobs, run_path, workers=workers)
 print(f"base ({len(base_train)} problems of levels {base_level_list}): {bases.describe()}")
-display(bases.table.style.format({c: "{:.3f}" for c in bases.table.columns if c != "seconds"}))
+display(bases.table.round(3))
 print(f"hardest level (new to every base): {bases.table[f'level {hardest}'].min():.3f}-"
       f"{bases.table[f'level {hardest}'].max():.3f}")
 
@@ -296,7 +305,7 @@ def samples(s, m):
 
 summary = {
     **bases.summary(),  # every seed's base: its evaluation, its weights' sha256; start_per_seed
-    "base_levels": list(base_level_list), "base_hardest_level": {str(s): e["by_level"][hardest]
+    "base_levels": list(base_level_list), "base_hardest_level": {str(s): e["by_level"][str(hardest)]
                                                                  for s, e in bases.evals.items()},
     "teacher_by_level": by_level.reset_index().to_dict(orient="records"),
     "data": [{"subset": s, "mode": m, **v} for (s, m), v in data_table.to_dict(orient="index").items()],
