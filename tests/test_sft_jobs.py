@@ -2,6 +2,7 @@
 (klear_lib.train.code_jobs): hand-computed values, a cached base trained once, one unit end to end."""
 
 import json
+import random
 
 import pytest
 
@@ -181,9 +182,19 @@ def test_a_code_start_trained_as_a_unit_is_the_cached_base_of_its_seeds_samples(
         record = json.loads((tmp_path / f"sft_main_{seed}" / "sft_start.json").read_text())
         assert record["model_dir"] == str(final) and record["start"] == out["start"]
         start = out["start"]
-        assert start["temperature"] == cfg.eval_temperature and start["at_rollout_t"]["temperature"] == cfg.temperature
-        assert start["n"] == 2 and 0 <= start["avg_at_n"] <= 1 and 0 <= start["teacher_full_pass"] <= 1
+        assert start["temperature"] == cfg.eval_temperature and start["n"] == 2 and 0 <= start["avg_at_n"] <= 1
+        rng_s = code_jobs.start_samples(train, 0.4, cfg.data_seed, seed)[1]
+        assert start["teacher_full_pass"] == code_jobs.teacher_full_pass(heldout, rng_s, 0.4)
         outs[seed] = out
+    # The teacher's fully right programs, found without the sandbox, are the ones the sandbox passes on every test.
+    from klear_lib.rewards.code import score_code
+
+    programs = [tasks.branch_code_solution(p, random.Random(i), error_rate=0.4) for i, p in enumerate(heldout * 8)]
+    passed = [score_code(r, p.tests, mode="soft").reason == "all_passed" for r, p in zip(programs, heldout * 8)]
+    right = [r == tasks.branch_code_solution(p) for r, p in zip(programs, heldout * 8)]
+    assert passed == right and any(right) and not all(right)
+    assert code_jobs.teacher_full_pass(heldout, random.Random(0), 0.0) == 1.0
+    assert code_jobs.teacher_full_pass(heldout, random.Random(0), 1.0) == 0.0
     assert outs[0]["model_dir"] != outs[1]["model_dir"] and outs[0]["weights_sha256"] != outs[1]["weights_sha256"]
     # A second call is a cache hit: the same model and the same evaluation (seeded from the config alone).
     hit = code_jobs.start_unit(config=vars(cfg), error_rate=0.4, branches=4, cache_root=str(tmp_path / "cache"),

@@ -86,16 +86,25 @@ def start_samples(train: list, error_rate: float, data_seed: int, seed: int) -> 
 TEACHER_HELDOUT_SAMPLES = 8  # the teacher's programs per held-out problem in its full-pass share
 
 
+def teacher_full_pass(heldout: list, rng: random.Random, error_rate: float) -> float:
+    """The share of the teacher's held-out programs (``TEACHER_HELDOUT_SAMPLES`` per problem, drawn from ``rng``) that
+    are fully right: equal to the error-free program (a wrong value is always another digit, and each branch has its
+    test, so such a program passes every test and no other does; no sandbox needed)."""
+    right = [tasks.branch_code_solution(p) for p in heldout]
+    drawn = [tasks.branch_code_solution(p, rng, error_rate=error_rate) == r for p, r in zip(heldout, right)
+             for _ in range(TEACHER_HELDOUT_SAMPLES)]
+    return sum(drawn) / max(len(drawn), 1)
+
+
 def start_unit(*, config: dict, error_rate: float, branches: int, cache_root: str, out_dir: str, tags: dict,
                metrics_path: str, reward_workers: int = 2, test_timeout_s: float = 2.0) -> dict:
     """One regime's SFT warm start of one seed (``config["seed"]``: the model's initialisation, the data order and
     the teacher's draws, ``start_samples``) as a unit of work, so that every seed's starts train side by side (one
     thread each): ``sft_jobs.base_model`` on ``start_samples`` with the SFT stage of ``config``
-    (``RLExperimentConfig`` fields), cached under ``cache_root``. Then the start's held-out evaluation, every
-    program run in the sandbox (``reward_workers`` processes): all-tests avg@n at the evaluation temperature (the
-    read-out's, ``start``) and at the rollouts' (``start["at_rollout_t"]``: where full passes are rare), and the
-    teacher's own share of fully right held-out programs. Its record goes to ``out_dir/sft_start.json``. Returns the
-    model's folder, the evaluation and the sha256 of the weights (``cache.weights_sha256``), with ``tags``."""
+    (``RLExperimentConfig`` fields), cached under ``cache_root``. Then the start's held-out evaluation at the
+    evaluation protocol, every program run in the sandbox (``reward_workers`` processes), and the teacher's own share
+    of fully right held-out programs (``teacher_full_pass``). Its record goes to ``out_dir/sft_start.json``. Returns
+    the model's folder, the evaluation and the sha256 of the weights (``cache.weights_sha256``), with ``tags``."""
     from pathlib import Path
 
     from klear_lib.cache import weights_sha256
@@ -111,21 +120,12 @@ def start_unit(*, config: dict, error_rate: float, branches: int, cache_root: st
                                     SFTStageConfig.from_experiment(cfg), cache_root=cache_root, out_dir=out_dir,
                                     progress=lambda *_: None)
     model, tok = models.load_model_and_tokenizer(model_dir, dtype=torch.float32)
+    runs.set_seed(cfg.seed)  # the start's sampled evaluation from the config alone, on a cache hit and a miss
     with reward_pool(reward_workers, "soft", test_timeout_s) as raw_pool:
-        judge = MemoPool(raw_pool)
-
-        def evaluate(temperature: float) -> dict:
-            runs.set_seed(cfg.seed)  # each evaluation from the config alone, whatever ran before it
-            return evaluate_code_heldout(model, tok, heldout, judge, n=cfg.eval_n, temperature=temperature,
-                                         top_p=cfg.eval_top_p, max_new_tokens=cfg.max_completion_length)
-
-        start = evaluate(cfg.eval_temperature)
-        start["temperature"] = cfg.eval_temperature
-        start["at_rollout_t"] = ({**start} if cfg.temperature == cfg.eval_temperature else
-                                 {**evaluate(cfg.temperature), "temperature": cfg.temperature})
-        items = [{"response": tasks.branch_code_solution(p, rng, error_rate=error_rate), "tests": p.tests,
-                  "mode": "soft"} for p in heldout for _ in range(TEACHER_HELDOUT_SAMPLES)]
-        start["teacher_full_pass"] = sum(r.reason == ALL_PASSED for r in judge.score_batch(items)) / len(items)
+        start = evaluate_code_heldout(model, tok, heldout, MemoPool(raw_pool), n=cfg.eval_n,
+                                      temperature=cfg.eval_temperature, top_p=cfg.eval_top_p,
+                                      max_new_tokens=cfg.max_completion_length)
+    start.update(temperature=cfg.eval_temperature, teacher_full_pass=teacher_full_pass(heldout, rng, error_rate))
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     runs.write_atomic(Path(out_dir) / "sft_start.json", runs.to_json_text(
         {"model_dir": str(model_dir), "start": start, **tags}, "sft_start", indent=2) + "\n")
