@@ -44,7 +44,7 @@
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
 reward_modes = "soft,hard"                     # of soft, hard, signed (2·soft - 1: the released code's)
 sparse_regime = True                           # also soft vs hard from the weaker start, under DAPO's filter
-seeds = "0,1,2,3,4,5"
+seeds = "0,1,2,3,4,5"                          # each seed trains its own SFT start per regime, then RL
 branches = 4
 model = "tiny"
 n_train = 4000
