@@ -2,6 +2,7 @@
 (klear_lib.train.code_jobs): hand-computed values, a cached base trained once, one unit end to end."""
 
 import json
+import random
 
 import pytest
 
@@ -145,25 +146,59 @@ def test_signal_log_wraps_a_reward_and_reports_per_rollout():
     assert log.probe() == {}  # reset after each probe
 
 
-def test_a_code_start_trained_as_a_unit_is_the_cached_base_of_its_samples(tmp_path):
-    """``code_jobs.start_unit`` (05's warm starts, side by side) trains ``sft_jobs.base_model`` on
-    ``start_samples``: its folder is the cache entry of exactly those samples, and ``start_samples``' generator goes on
-    where the training programs ended (the notebook draws the teacher's held-out programs from it)."""
+def test_a_code_start_trained_as_a_unit_is_the_cached_base_of_its_seeds_samples(tmp_path):
+    """``code_jobs.start_unit`` (05's warm starts, one per regime and seed, side by side) trains
+    ``sft_jobs.base_model`` on ``start_samples`` of its seed: its folder is the cache entry of exactly those samples,
+    two seeds draw two teachers' samples (and two models), ``start_samples``' generator goes on where the training
+    programs ended (the teacher's held-out programs come from it), and the start's evaluation and weights' sha256
+    come back with it."""
+    import hashlib
+
     from klear_lib.config import RLExperimentConfig
 
     cfg = RLExperimentConfig(n_train=40, n_heldout=4, tiny_hidden=32, tiny_layers=1, vocab_size=400, sft_epochs=0.2,
-                             sft_batch_size=8, data_seed=7)
+                             sft_batch_size=8, data_seed=7, eval_n=2, max_completion_length=32)
     train, heldout = tasks.make_branch_code_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, 4)
-    samples, rng = code_jobs.start_samples(train, 0.4, cfg.data_seed)
-    again, rng2 = code_jobs.start_samples(train, 0.4, cfg.data_seed)
+    samples, rng = code_jobs.start_samples(train, 0.4, cfg.data_seed, 0)
+    again, rng2 = code_jobs.start_samples(train, 0.4, cfg.data_seed, 0)
     assert samples == again and len(samples) == 40
     assert tasks.branch_code_solution(heldout[0], rng, error_rate=0.4) == \
         tasks.branch_code_solution(heldout[0], rng2, error_rate=0.4)
-    assert code_jobs.start_samples(train, 0.9, cfg.data_seed)[0] != samples  # the error rate reaches the teacher
-    out = code_jobs.start_unit(config=vars(cfg), error_rate=0.4, branches=4, cache_root=str(tmp_path / "cache"),
-                               out_dir=str(tmp_path / "sft_main"), tags={"regime": "main"},
-                               metrics_path=str(tmp_path / "u.jsonl"))
-    key = sft_jobs.base_key(cfg, tasks.branch_code_corpus(train), samples, SFTStageConfig.from_experiment(cfg))
-    assert out == {"model_dir": str(tmp_path / "cache" / key / "final"), "regime": "main"}
-    assert json.loads((tmp_path / "sft_main" / "base.json").read_text())["key"] == key
-    assert (tmp_path / "cache" / key / "final" / "config.json").exists()
+    assert code_jobs.start_samples(train, 0.9, cfg.data_seed, 0)[0] != samples  # the error rate reaches the teacher
+    assert code_jobs.start_samples(train, 0.4, cfg.data_seed, 1)[0] != samples  # so does the seed
+    assert code_jobs.start_samples(train, 0.4, cfg.data_seed + 1, 0)[0] != samples  # and the data seed
+    outs = {}
+    for seed in (0, 1):
+        c = cfg.replace(seed=seed)
+        out = code_jobs.start_unit(config=vars(c), error_rate=0.4, branches=4, cache_root=str(tmp_path / "cache"),
+                                   out_dir=str(tmp_path / f"sft_main_{seed}"), tags={"regime": "main", "seed": seed},
+                                   metrics_path=str(tmp_path / "u.jsonl"), reward_workers=1)
+        seed_samples = code_jobs.start_samples(train, 0.4, cfg.data_seed, seed)[0]
+        key = sft_jobs.base_key(c, tasks.branch_code_corpus(train), seed_samples, SFTStageConfig.from_experiment(c))
+        final = tmp_path / "cache" / key / "final"
+        assert out["model_dir"] == str(final) and (out["regime"], out["seed"]) == ("main", seed)
+        assert out["weights_sha256"] == hashlib.sha256((final / "model.safetensors").read_bytes()).hexdigest()
+        assert json.loads((tmp_path / f"sft_main_{seed}" / "base.json").read_text())["key"] == key
+        record = json.loads((tmp_path / f"sft_main_{seed}" / "sft_start.json").read_text())
+        assert record["model_dir"] == str(final) and record["start"] == out["start"]
+        start = out["start"]
+        assert start["temperature"] == cfg.eval_temperature and start["n"] == 2 and 0 <= start["avg_at_n"] <= 1
+        rng_s = code_jobs.start_samples(train, 0.4, cfg.data_seed, seed)[1]
+        assert start["teacher_full_pass"] == code_jobs.teacher_full_pass(heldout, rng_s, 0.4)
+        outs[seed] = out
+    # The teacher's fully right programs, found without the sandbox, are the ones the sandbox passes on every test.
+    from klear_lib.rewards.code import score_code
+
+    programs = [tasks.branch_code_solution(p, random.Random(i), error_rate=0.4) for i, p in enumerate(heldout * 8)]
+    passed = [score_code(r, p.tests, mode="soft").reason == "all_passed" for r, p in zip(programs, heldout * 8)]
+    right = [r == tasks.branch_code_solution(p) for r, p in zip(programs, heldout * 8)]
+    assert passed == right and any(right) and not all(right)
+    assert code_jobs.teacher_full_pass(heldout, random.Random(0), 0.0) == 1.0
+    assert code_jobs.teacher_full_pass(heldout, random.Random(0), 1.0) == 0.0
+    assert outs[0]["model_dir"] != outs[1]["model_dir"] and outs[0]["weights_sha256"] != outs[1]["weights_sha256"]
+    # A second call is a cache hit: the same model and the same evaluation (seeded from the config alone).
+    hit = code_jobs.start_unit(config=vars(cfg), error_rate=0.4, branches=4, cache_root=str(tmp_path / "cache"),
+                               out_dir=str(tmp_path / "again"), tags={}, metrics_path=str(tmp_path / "v.jsonl"),
+                               reward_workers=1)
+    assert {k: hit[k] for k in ("model_dir", "start", "weights_sha256")} == \
+        {k: outs[0][k] for k in ("model_dir", "start", "weights_sha256")}

@@ -66,31 +66,70 @@ class SignalLog:
         return {k: sum(d[k] for d in done) / len(done) for k in done[0]}
 
 
-def start_samples(train: list, error_rate: float, data_seed: int) -> tuple[list[dict], random.Random]:
-    """The SFT samples of a warm start: one teacher program per training problem, each value wrong with
-    probability ``error_rate`` (``tasks.branch_code_solution``), from ``random.Random(data_seed)``; and that
-    generator, to draw the teacher's held-out programs after them (the notebook's design figure)."""
-    rng = random.Random(data_seed)
+def teacher_seed(data_seed: int, seed: int) -> str:
+    """The seed of seed ``seed``'s teacher draws (which values its SFT programs get wrong): one stream per
+    (``data_seed``, ``seed``), so that each replicate's start learns from its own teacher samples, as a replication
+    elsewhere would draw them. ``random.Random`` of a str is deterministic (sha512 of the text), across processes."""
+    return f"branch-code-teacher/{data_seed}/{seed}"
+
+
+def start_samples(train: list, error_rate: float, data_seed: int, seed: int) -> tuple[list[dict], random.Random]:
+    """The SFT samples of seed ``seed``'s warm start: one teacher program per training problem, each value wrong
+    with probability ``error_rate`` (``tasks.branch_code_solution``), from ``random.Random(teacher_seed(data_seed,
+    seed))``; and that generator, to draw the teacher's held-out programs after them (the design figure)."""
+    rng = random.Random(teacher_seed(data_seed, seed))
     samples = [{"prompt": tasks.code_prompt_messages(p), "completion": [{"role": "assistant", "content":
                 tasks.branch_code_solution(p, rng, error_rate=error_rate)}]} for p in train]
     return samples, rng
 
 
+TEACHER_HELDOUT_SAMPLES = 8  # the teacher's programs per held-out problem in its full-pass share
+
+
+def teacher_full_pass(heldout: list, rng: random.Random, error_rate: float) -> float:
+    """The share of the teacher's held-out programs (``TEACHER_HELDOUT_SAMPLES`` per problem, drawn from ``rng``) that
+    are fully right: equal to the error-free program (a wrong value is always another digit, and each branch has its
+    test, so such a program passes every test and no other does; no sandbox needed)."""
+    right = [tasks.branch_code_solution(p) for p in heldout]
+    drawn = [tasks.branch_code_solution(p, rng, error_rate=error_rate) == r for p, r in zip(heldout, right)
+             for _ in range(TEACHER_HELDOUT_SAMPLES)]
+    return sum(drawn) / max(len(drawn), 1)
+
+
 def start_unit(*, config: dict, error_rate: float, branches: int, cache_root: str, out_dir: str, tags: dict,
-               metrics_path: str) -> dict:
-    """One regime's SFT warm start as a unit of work, so that the regimes train side by side (one thread each):
-    ``sft_jobs.base_model`` on ``start_samples`` with the SFT stage of ``config`` (``RLExperimentConfig``
-    fields), cached under ``cache_root``. Returns the model's folder."""
+               metrics_path: str, reward_workers: int = 2, test_timeout_s: float = 2.0) -> dict:
+    """One regime's SFT warm start of one seed (``config["seed"]``: the model's initialisation, the data order and
+    the teacher's draws, ``start_samples``) as a unit of work, so that every seed's starts train side by side (one
+    thread each): ``sft_jobs.base_model`` on ``start_samples`` with the SFT stage of ``config``
+    (``RLExperimentConfig`` fields), cached under ``cache_root``. Then the start's held-out evaluation at the
+    evaluation protocol, every program run in the sandbox (``reward_workers`` processes), and the teacher's own share
+    of fully right held-out programs (``teacher_full_pass``). Its record goes to ``out_dir/sft_start.json``. Returns
+    the model's folder, the evaluation and the sha256 of the weights (``cache.weights_sha256``), with ``tags``."""
+    from pathlib import Path
+
+    from klear_lib.cache import weights_sha256
+    from klear_lib.evaluation.code_heldout import evaluate_code_heldout
+    from klear_lib.rewards.pool_wrappers import MemoPool
     from klear_lib.train import sft_jobs
     from klear_lib.train.sft import SFTStageConfig
 
     cfg = RLExperimentConfig.from_params(config)
-    train, _ = tasks.make_branch_code_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, branches)
-    samples, _ = start_samples(train, error_rate, cfg.data_seed)
+    train, heldout = tasks.make_branch_code_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, branches)
+    samples, rng = start_samples(train, error_rate, cfg.data_seed, cfg.seed)
     model_dir = sft_jobs.base_model(cfg, tasks.branch_code_corpus(train), samples,
                                     SFTStageConfig.from_experiment(cfg), cache_root=cache_root, out_dir=out_dir,
                                     progress=lambda *_: None)
-    return {"model_dir": str(model_dir), **tags}
+    model, tok = models.load_model_and_tokenizer(model_dir, dtype=torch.float32)
+    runs.set_seed(cfg.seed)  # the start's sampled evaluation from the config alone, on a cache hit and a miss
+    with reward_pool(reward_workers, "soft", test_timeout_s) as raw_pool:
+        start = evaluate_code_heldout(model, tok, heldout, MemoPool(raw_pool), n=cfg.eval_n,
+                                      temperature=cfg.eval_temperature, top_p=cfg.eval_top_p,
+                                      max_new_tokens=cfg.max_completion_length)
+    start.update(temperature=cfg.eval_temperature, teacher_full_pass=teacher_full_pass(heldout, rng, error_rate))
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    runs.write_atomic(Path(out_dir) / "sft_start.json", runs.to_json_text(
+        {"model_dir": str(model_dir), "start": start, **tags}, "sft_start", indent=2) + "\n")
+    return {"model_dir": str(model_dir), "start": start, "weights_sha256": weights_sha256(Path(model_dir)), **tags}
 
 
 def pool_limit_s(test_timeout_s: float) -> float:
