@@ -55,7 +55,7 @@
 # Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
 arms = "ppo_clip,gppo,ppo_clip_2x_lr,cispo"    # the pair the claim compares, the step-size control, CISPO
-seeds = "0,1,2,3,4,5,6,7,8,9,10,11"              # each seed trains its own SFT start, then RL
+seeds = "0,1,2,3,4,5,6,7,8,9,10,11,12,13"        # each seed trains its own SFT start, then RL
 model = "tiny"
 n_train = 6000
 n_heldout = 128

@@ -55,7 +55,7 @@
 # Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
 arms = "dapo,dapo_erc_0.8_1.2,dapo_random_mask,gppo,gppo_erc_0.8_1.2"  # + dapo_half_lr where the seeds decide it
-seeds = "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15"
+seeds = "0,1,2,3,4,5,6,7,8,9,10,11,12,13"
 grad_norm_claim = False                        # test the gradient-norm fluctuation as a secondary (else shown only)
 entropy_claim = True                           # test the largest per-rollout entropy jump as a secondary
 model = "tiny"

@@ -38,7 +38,7 @@
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
 alphas = "0,0.1,0.2"                           # the primary claim (0.1 vs 0); 0.2 for the secondary (0.1 vs 0.2)
 aa_stream = True                               # also α 0 under a second seed stream (the A/A pair)
-seeds = "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15"
+seeds = "0,1,2,3,4,5,6,7,8,9,10,11,12,13"
 model = "tiny"
 n_train = 6000
 n_heldout = 128
