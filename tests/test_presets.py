@@ -196,7 +196,8 @@ def test_undecidable_finds_the_secondaries_below_the_sign_flip_floor():
     assert undecidable("06_sft_loss_alpha", {"seeds": "0,1", "alphas": "0,0.1"}, aa) == ["aa"]
 
 
-# Every tiny and gpu preset decides every claim it makes (k Holm-adjusted secondaries need k · 2^-(n-1) < 5%: 01 runs 7 seeds for two).
+# Every tiny and gpu preset decides every claim it makes (k Holm-adjusted secondaries need k · 2^-(n-1) < 5%:
+# 01 runs 7 seeds for its two).
 @pytest.mark.parametrize("nb,preset", [
     (p.stem, preset)
     for p in NOTEBOOKS if (ROOT / "params" / p.stem / "claims.yaml").exists()
