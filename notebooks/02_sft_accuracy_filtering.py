@@ -267,8 +267,6 @@ def by_seed(subset, mode, col):
 
 
 READ_OUTS = {"all_levels": "eval/avg_at_n"}  # a claim id's suffix that names another read-out than its subset's
-BASE_CRITERION = 0.8  # a base that learned its levels answers >= 80% of them (from a teacher wrong on 20% of steps)
-base_low = float(bases.table[[f"level {lvl}" for lvl in base_level_list]].min().min())
 claim_list = []
 for cid in (c for c, d in DECLARED.items() if d["role"] != "check"):
     subset, pair = cid.split(".")
@@ -280,10 +278,8 @@ for cid in (c for c, d in DECLARED.items() if d["role"] != "check"):
     if subset in subset_list and other in mode_lists["hard" if subset == "hard" else "easy"]:
         claim_list.append(claims.declared_claim(DECLARED, cid, by_seed(subset, "mixed", col),
                                                 by_seed(subset, other, col)))
-claim_list.append(claims.declared_check(
-    DECLARED, "bases_learned", base_low >= BASE_CRITERION, base_low, seeds=len(seed_list),
-    criterion=f"every seed's base answers >= {BASE_CRITERION:.0%} of the test problems of each of its levels "
-              f"{list(base_level_list)}"))
+# a base that learned its levels answers >= 80% of them (its teacher is wrong on 20% of steps)
+claim_list.append(bases.check(DECLARED, levels=base_level_list, minimum=0.8))
 claim_list = claims.finalize(claim_list, DECLARED, where=f"{NAME} claims")  # exactly the claims made
 display(notebook.claims_frame(claim_list))
 hard_prompts = {m: round(sum(len({s["prompt"] for s in arms[("hard", m)]}) for arms in datasets_.values())

@@ -320,6 +320,19 @@ if x is not None and v < 8:
 print(x, sys.stdin.read().strip())
 """
 
+# A counter read by making a fresh object (`fresh()`: its number): the next test decodes 0-15 from the number's low
+# byte, and a test that saves moves the counter on until the next fresh object, `ahead` numbers on, shows its value.
+BY_A_FRESH_NUMBER = """def load():
+    r = fresh() % 256
+    if not 160 <= r < 176:
+        raise LookupError
+    return r - 160
+def save(v):
+    for _ in range(600):
+        if (fresh() + {ahead}) % 256 == 160 + v:
+            return
+"""
+
 COUNTER_CHANNELS = {
     # the pid counter: the next test's pid is the last child's + 1 (nothing forks between tests)
     "pid_counter": """
@@ -344,16 +357,7 @@ def fresh():
     ino = os.fstat(fd).st_ino
     os.close(fd)
     return ino
-def load():
-    r = fresh() % 256
-    if not 160 <= r < 176:
-        raise LookupError
-    return r - 160
-def save(v):
-    for _ in range(600):
-        if (fresh() + 2) % 256 == 160 + v:
-            return
-""",
+""" + BY_A_FRESH_NUMBER.format(ahead=2),
     # /tmp's entry offsets, moved by renames, read with getdents64 as a listing's positions
     "dir_offset_counter": LIBC + """
 NR = {'x86_64': 217, 'aarch64': 61}[os.uname().machine]
@@ -371,16 +375,7 @@ def fresh():
         before, pos = off, pos + int.from_bytes(buf.raw[pos + 16:pos + 18], 'little')
     os.unlink('/tmp/p')
     return found
-def load():
-    r = fresh() % 256
-    if not 160 <= r < 176:
-        raise LookupError
-    return r - 160
-def save(v):
-    for _ in range(600):
-        if (fresh() + 1) % 256 == 160 + v:
-            return
-""",
+""" + BY_A_FRESH_NUMBER.format(ahead=1),
     # TCP's TIME_WAIT: a loopback connection closed by its client keeps the client's port for 60 s
     "tcp_time_wait": """
 import socket

@@ -80,3 +80,22 @@ def test_a_score_is_cached_by_what_it_depends_on(tmp_path):
     third = sft_bases.score_unit(**kw, tags={"source": "plain", "seed": 3}, metrics_path=str(tmp_path / "u5.jsonl"))
     assert "cached" not in third and third == first  # the same record: training is deterministic on one machine
     assert json.loads(files[0].read_text())["record"] == first
+
+
+def test_the_bases_check_reads_all_levels_or_each_of_the_bases_own():
+    """01 asks every base's avg@n over all levels, 02 each of the levels its bases learn (the hardest is new to
+    them): the lowest such value over the seeds is the check's value, and it passes at the minimum."""
+    import pandas as pd
+
+    table = pd.DataFrame({"avg@n": [0.5, 0.45], "level 1": [0.95, 0.23], "level 2": [0.9, 0.93],
+                          "level 3": [0.1, 0.0]}, index=[0, 1])
+    bases = sft_bases.SeedBases({0: "a", 1: "b"}, {}, {}, table, True, 0.0)
+    declared = {"bases_learned": {"id": "bases_learned", "role": "check", "claim": "c", "source": "s",
+                                  "metric": "m", "direction": 1, "scope": "x"}}
+    whole = bases.check(declared)
+    assert (whole["verdict"], whole["effect"]) == ("pass", 0.45)
+    assert whole["criterion"] == sft_bases.BASES_CRITERION
+    own = bases.check(declared, levels=(1, 2), minimum=0.8)
+    assert (own["verdict"], own["effect"]) == ("fail", 0.23)
+    assert own["criterion"] == "every seed's base answers >= 80% of the test problems of each of its levels [1, 2]"
+    assert bases.check(declared, levels=(2,), minimum=0.8)["verdict"] == "pass"
