@@ -182,6 +182,13 @@ display(data_table.style.format("{:.3f}", subset=["teacher_correct"]).format("{:
 # `base_error_rate` of its steps, on its own draw of samples; each is cached by its content under the output root's
 # `.cache/` (a base another run trained into the same root is reused). Its accuracy per level, before any Mixed or
 # Only-True SFT, is the check that long chains are new to it: every seed's is printed.
+#
+# *Level 1 is not checked.* It has 30 distinct questions; the test holds out 15 and the base's 1,500 level-1 samples
+# repeat the other 15 about 100 times each (level 2: 73 distinct questions, ~20 repeats). A base may then answer its
+# 15 seen questions by rote and never compute the 15 unseen ones, while it computes every step of a level-2 chain:
+# seed 1's base (2026-12-05) answered its seen level-1 questions 0.99, its unseen ones 0.20, and level 2 0.93. Its
+# level-1 test score measures transfer to a prompt it never saw, not the procedure, and it is still shown in the
+# table. The check `bases_learned` reads the base's other levels (level 2 at `tiny`).
 
 # %%
 base_train = [p for p in train if p.level in base_level_list]
@@ -204,6 +211,7 @@ print(f"base ({len(base_train)} problems of levels {base_level_list}): {bases.de
 display(bases.table.round(3))
 print(f"hardest level (new to every base): {bases.table[f'level {hardest}'].min():.3f}-"
       f"{bases.table[f'level {hardest}'].max():.3f}")
+CHECK_LEVELS = tuple(lvl for lvl in base_level_list if lvl != 1) or base_level_list  # level 1: see above
 
 # %% [markdown]
 # ## SFT: every subset × mode × seed
@@ -278,8 +286,9 @@ for cid in (c for c, d in DECLARED.items() if d["role"] != "check"):
     if subset in subset_list and other in mode_lists["hard" if subset == "hard" else "easy"]:
         claim_list.append(claims.declared_claim(DECLARED, cid, by_seed(subset, "mixed", col),
                                                 by_seed(subset, other, col)))
-# a base that learned its levels answers >= 80% of them (its teacher is wrong on 20% of steps)
-claim_list.append(bases.check(DECLARED, levels=base_level_list, minimum=0.8))
+# a base that learned its levels answers >= 80% of them (its teacher is wrong on 20% of steps); level 1 measures
+# transfer to unseen prompts, not the procedure (see "The base models")
+claim_list.append(bases.check(DECLARED, levels=CHECK_LEVELS, minimum=0.8))
 claim_list = claims.finalize(claim_list, DECLARED, where=f"{NAME} claims")  # exactly the claims made
 display(notebook.claims_frame(claim_list))
 hard_prompts = {m: round(sum(len({s["prompt"] for s in arms[("hard", m)]}) for arms in datasets_.values())
