@@ -166,8 +166,10 @@ def time_text(card: Card) -> str:
         return "not recorded"
     out = f"{duration(card.wall_seconds)} wall-clock over {counted(card.runs, 'run')}"
     if card.cpu_seconds is not None:
-        out += f", {duration(card.cpu_seconds)} CPU" + ("" if card.cpu_runs == card.runs else
-                                                        f" (recorded by {card.cpu_runs} of them)")
+        # the CPU-seconds too: the wall-clock on N cores is about them / N (the tiny runs keep every core busy)
+        out += f", {duration(card.cpu_seconds)} CPU ({round(card.cpu_seconds):,} CPU-s)"
+        if card.cpu_runs != card.runs:
+            out += f" (recorded by {card.cpu_runs} of them)"
     else:
         out += "; CPU time not recorded (runs before klear recorded it)"
     if card.reproduce_s is not None:

@@ -141,7 +141,7 @@ def test_the_card_opens_the_page_and_the_table_puts_the_verdict_before_the_numbe
     row = row[:row.index("</tr>")]
     assert row.index("GPPO learns faster than DAPO&#x27;s clip-higher") < row.index(
         '<span class="badge reproduced">reproduced</span>') < row.index("+0.125 [") < row.index("a start each")
-    assert "<dt>Time</dt><dd>2 min 30 s wall-clock over 3 runs, 2 min 30 s CPU (recorded by 1 of them)</dd>" in card
+    assert "<dt>Time</dt><dd>2 min 30 s wall-clock over 3 runs, 2 min 30 s CPU (150 CPU-s) (recorded by 1 of them)</dd>" in card
     assert "<code>0123456789ab (dirty)</code>" in card and "Test CPU 9000 (cpu_id 25/17/1, AVX2)" in card
     table = claims_part(html)[claims_part(html).index("<table>"):]
     first = table[table.index("gppo_vs_dapo"):table.index("</tr>", table.index("gppo_vs_dapo"))]
@@ -186,7 +186,7 @@ def test_report_md_is_the_card_as_a_markdown_table(three):
     assert ("- Verdicts: 3 claims tested: 1 reproduced, 1 reversed, 1 inconclusive (primary: 1 reproduced, 1 reversed, "
             "0 inconclusive); 3 checks: 2 pass, 1 fail") in text
     assert "- Runs: 3 notebooks: 2 ran, 1 failed (preset tiny)" in text
-    assert "- Time: 2 min 30 s wall-clock over 3 runs, 2 min 30 s CPU (recorded by 1 of them)" in text
+    assert "- Time: 2 min 30 s wall-clock over 3 runs, 2 min 30 s CPU (150 CPU-s) (recorded by 1 of them)" in text
     assert "- Code: 0123456789ab (dirty)" in text and "- Processor: Test CPU 9000 (cpu_id 25/17/1, AVX2)" in text
     assert f"Full report: {three / 'report.html'}" in text and "Smoke" not in text
 
