@@ -35,7 +35,7 @@ NOTEBOOK_SCALE_KEYS = {
     "05_code_reward": {"reward_workers"},  # sandbox processes per unit: a GPU box has more cores
     "01_sft_data_sources": {"defect_seeds"},  # the positive control's seeds, beside "seeds"
 }
-# Parts of the design that `tiny` leaves out for its CPU time budget (`make reproduce` within an hour on 2 cores) and
+# Parts of the design that `tiny` leaves out for its CPU time budget (`make reproduce` within 100 minutes on 2 cores) and
 # a GPU run keeps: 02's easy subset, 06's α 0.2 arm, 04's half-lr arm (lists: tiny's must be a part of gpu's), 03's
 # rollouts of the on-policy control (a count: tiny's at most gpu's) and 04's gradient-norm secondary (a flag: off at
 # tiny, on at gpu). Never another design: only less of the same one.
