@@ -141,7 +141,8 @@ def test_the_card_opens_the_page_and_the_table_puts_the_verdict_before_the_numbe
     row = row[:row.index("</tr>")]
     assert row.index("GPPO learns faster than DAPO&#x27;s clip-higher") < row.index(
         '<span class="badge reproduced">reproduced</span>') < row.index("+0.125 [") < row.index("a start each")
-    assert "<dt>Time</dt><dd>2 min 30 s wall-clock over 3 runs, 2 min 30 s CPU (150 CPU-s) (recorded by 1 of them)</dd>" in card
+    assert ("<dt>Time</dt><dd>2 min 30 s wall-clock over 3 runs, 2 min 30 s CPU (150 CPU-s) (recorded by 1 of them)"
+            "</dd>") in card
     assert "<code>0123456789ab (dirty)</code>" in card and "Test CPU 9000 (cpu_id 25/17/1, AVX2)" in card
     table = claims_part(html)[claims_part(html).index("<table>"):]
     first = table[table.index("gppo_vs_dapo"):table.index("</tr>", table.index("gppo_vs_dapo"))]
