@@ -104,16 +104,25 @@ def _warn_if_foreign_kernel() -> None:
 
 
 def quiet_kernel_manager():
-    """jupyter_client's kernel manager with two lines less on every run's terminal: the kernel talks over IPC sockets
-    (in Jupyter's runtime folder, beside the connection file), not TCP, so ipykernel does not warn that it runs
-    "over TCP without encryption"; and shutting the kernel down does not interrupt it first (jupyter_client sends
-    SIGINT before every shutdown request, which ipykernel logs as "KeyboardInterrupt caught in kernel" after a run
-    that went well). A Ctrl-C of ``klear run`` still interrupts the kernel: it reaches the whole process group."""
+    """jupyter_client's kernel manager with two lines less on every run's terminal: the kernel talks over IPC sockets,
+    not TCP, so ipykernel does not warn that it runs "over TCP without encryption"; and shutting the kernel down does
+    not interrupt it first (jupyter_client sends SIGINT before every shutdown request, which ipykernel logs as
+    "KeyboardInterrupt caught in kernel" after a run that went well). A Ctrl-C of ``klear run`` still interrupts the
+    kernel: it reaches the whole process group.
+
+    The sockets get a name of their own in Jupyter's runtime folder (``ipc_prefix``). jupyter_client's default, when
+    the manager is made before its connection file is named (as papermill makes it), is ``kernel-ipc-<n>`` in the
+    working directory, the lowest ``n`` whose file does not exist yet: two kernels started at once from one folder
+    (two ``klear run`` in one checkout, the tests' two workers) took the same sockets, each refused the other's
+    messages ("Invalid Signature") and both runs failed after 60 s (2026-12-05)."""
     from jupyter_client.manager import KernelManager
     from traitlets import CaselessStrEnum
 
     class QuietKernelManager(KernelManager):
         transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
+
+        def _ip_default(self) -> str:
+            return ipc_prefix() if self.transport == "ipc" else super()._ip_default()
 
         async def _async_interrupt_kernel(self) -> None:
             if self.shutting_down:  # set by shutdown_kernel just before its interrupt
@@ -121,6 +130,25 @@ def quiet_kernel_manager():
             await super()._async_interrupt_kernel()
 
     return QuietKernelManager
+
+
+def ipc_prefix() -> str:
+    """A path no other kernel uses, for a kernel's IPC sockets (``<prefix>-<n>``): in Jupyter's runtime folder,
+    else the temporary folder where that cannot be made (a read-only home)."""
+    import tempfile
+    import uuid
+
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    name = f"klear-{uuid.uuid4().hex[:16]}-ipc"
+    folder = pathlib.Path(jupyter_runtime_dir())
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.access(folder, os.W_OK) and len(str(folder / name)) < 90:  # a socket path holds at most 107 bytes
+            return str(folder / name)
+    except OSError:
+        pass
+    return str(pathlib.Path(tempfile.gettempdir()) / name)
 
 
 class RunInterrupted(Exception):

@@ -356,3 +356,42 @@ def test_a_run_that_went_well_prints_no_kernel_chatter(tmp_path):
                                "--output-root", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         assert "without encryption" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr[-2000:]
+
+
+def test_two_kernels_started_at_once_from_one_folder_do_not_share_sockets(tmp_path, monkeypatch):
+    """jupyter_client named a kernel's IPC sockets ``kernel-ipc-<n>`` in the working directory, the lowest free
+    ``n``: two `klear run` started together from one checkout (the suite's two workers did, 2026-12-05) took the same
+    sockets, each kernel refused the other client's messages ("Invalid Signature") and both runs failed (this test
+    on that code: one kernel or neither answered, 3 tries of 3). Two kernels started at once from one folder now each
+    answer their own client, and nothing is written into that folder."""
+    import threading
+
+    from klear_lib import runner
+
+    monkeypatch.chdir(tmp_path)
+    managers = [runner.quiet_kernel_manager()(kernel_name="python3") for _ in range(2)]
+    assert managers[0].ip != managers[1].ip and all(pathlib.Path(m.ip).is_absolute() for m in managers)
+    barrier, answers = threading.Barrier(2), {}
+
+    def start_and_ask(i):
+        barrier.wait()
+        managers[i].start_kernel()
+        client = managers[i].client()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=60)
+            reply = client.execute_interactive(f"print({i} * 1000 + 7)", timeout=60,
+                                               output_hook=lambda m: m["msg_type"] == "stream" and answers.setdefault(
+                                                   i, m["content"]["text"]))
+            answers[f"status{i}"] = reply["content"]["status"]
+        finally:
+            client.stop_channels()
+            managers[i].shutdown_kernel(now=True)
+
+    threads = [threading.Thread(target=start_and_ask, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=150)
+    assert answers == {0: "7\n", 1: "1007\n", "status0": "ok", "status1": "ok"}
+    assert list(tmp_path.iterdir()) == []  # no socket files left in the working directory
