@@ -72,7 +72,16 @@ def base_unit(*, config: dict, corpus: str, data: str, stage: dict, problems: li
 # digit), a base past the tiny model's transition answers most of them; one that is not has learned nothing the arms
 # could shift smoothly (docs/design.md, "SFT data ablations on the tiny task").
 BASE_LEARNED_MIN = 0.3
-BASES_CRITERION = f"every seed's base answers >= {BASE_LEARNED_MIN:.0%} of the test samples right (chance: 10%)"
+
+
+def bases_criterion(minimum: float = BASE_LEARNED_MIN, levels: tuple = ()) -> str:
+    """The words of the bases' check: over all test samples, or on each of ``levels``."""
+    if levels:
+        return f"every seed's base answers >= {minimum:.0%} of the test problems of each of its levels {list(levels)}"
+    return f"every seed's base answers >= {minimum:.0%} of the test samples right (chance: 10%)"
+
+
+BASES_CRITERION = bases_criterion()
 
 
 @dataclass(frozen=True)
@@ -96,10 +105,8 @@ class SeedBases:
         from klear_lib import claims
 
         low = float(self.table[[f"level {lvl}" for lvl in levels] or ["avg@n"]].min().min())
-        criterion = (f"every seed's base answers >= {minimum:.0%} of the test problems of each of its levels "
-                     f"{list(levels)}" if levels else
-                     f"every seed's base answers >= {minimum:.0%} of the test samples right (chance: 10%)")
-        return claims.declared_check(declared, id, low >= minimum, low, criterion=criterion, seeds=len(self.dirs))
+        return claims.declared_check(declared, id, low >= minimum, low, criterion=bases_criterion(minimum, levels),
+                                     seeds=len(self.dirs))
 
     def summary(self) -> dict:
         """The notebook summary's record of its bases: the first seed's (``base``), every seed's (``bases``),
