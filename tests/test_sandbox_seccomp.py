@@ -82,14 +82,41 @@ def test_clone_is_judged_by_its_flags_and_clone3_falls_back(arch):
 def test_socket_families_and_personalities(arch):
     prog, i = seccomp.build_filter(arch), ARCHES.index(arch)
     for call in (seccomp.SOCKET[i], seccomp.SOCKETPAIR[i]):
-        for family in (1, 2, 10, 16):  # unix, inet, inet6, netlink
-            assert bpf_run(prog, call, arch, (family, 1, 0, 0, 0, 0)) == ALLOW
-        for family in (40, 17, 38, 3):  # vsock (not namespaced), packet, alg (kernel crypto), ax25
+        assert bpf_run(prog, call, arch, (1, 5, 0, 0, 0, 0)) == ALLOW  # unix: the zygote's socket pair
+        for family in (2, 10, 16, 40, 17, 38, 3):  # inet, inet6, netlink, vsock, packet, alg, ax25
             assert bpf_run(prog, call, arch, (family, 1, 0, 0, 0, 0)) == EPERM
     pers = seccomp.PERSONALITY[i]
     assert bpf_run(prog, pers, arch, (0, 0, 0, 0, 0, 0)) == ALLOW
     assert bpf_run(prog, pers, arch, (0xFFFFFFFF, 0, 0, 0, 0, 0)) == ALLOW  # the query
     assert bpf_run(prog, pers, arch, (0x0040000, 0, 0, 0, 0, 0)) == EPERM  # ADDR_NO_RANDOMIZE
+
+
+# (x86_64, aarch64): madvise, preadv2, pwritev2, and what the program filter must let through besides COMMON
+MADVISE, PREADV2, PWRITEV2 = (28, 233), (327, 286), (328, 287)
+PROGRAM_NEEDS = {"pipe2": (293, 59), "clone": (56, 220), "read": (0, 63), "preadv": (295, 69),
+                 "pread64": (17, 67), "munmap": (11, 215), "futex": (202, 98), "pidfd_open": (434, 434)}
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_the_program_filter_refuses_sockets_and_page_cache_queries_whatever_the_arguments(arch):
+    prog, i = seccomp.build_program_filter(arch), ARCHES.index(arch)
+    denied = seccomp.program_denied_syscalls(arch)
+    assert {"socket", "socketpair", "connect", "bind", "listen", "accept", "accept4", "sendto", "sendmsg",
+            "sendmmsg", "recvfrom", "recvmsg", "recvmmsg", "getsockopt", "setsockopt", "getsockname", "getpeername",
+            "shutdown", "mincore", "cachestat", "fadvise64", "process_madvise"} == set(denied)
+    for name, nr in denied.items():
+        for args in ((0,) * 6, (1, 1, 0, 0, 0, 0), (0xFFFFFFFF,) * 6):
+            assert bpf_run(prog, nr, arch, args) == EPERM, (name, args)
+    for advice, want in ((0, ALLOW), (4, ALLOW), (8, ALLOW), (14, ALLOW), (20, EPERM), (21, EPERM)):
+        assert bpf_run(prog, MADVISE[i], arch, (0, 4096, advice, 0, 0, 0)) == want, advice  # DONTNEED, FREE pass
+    for call in (PREADV2[i], PWRITEV2[i]):
+        assert bpf_run(prog, call, arch, (3, 0, 1, 0, 0, 0)) == ALLOW  # no flags: as preadv
+        for flags in (0x8, 0x1, 0x80, 0x8 | (1 << 40)):  # RWF_NOWAIT, RWF_HIPRI, RWF_DONTCACHE, high bits ignored
+            want = EPERM if flags & 0xFFFFFFFF else ALLOW
+            assert bpf_run(prog, call, arch, (3, 0, 1, 0, 0, flags)) == want, flags
+    for name, nrs in {**COMMON, **PROGRAM_NEEDS}.items():
+        assert bpf_run(prog, nrs[i], arch) == ALLOW, name
+    assert bpf_run(prog, 39, arch, data_arch="aarch64" if arch == "x86_64" else "x86_64") == KILL
 
 
 def test_other_architectures_and_x32_calls_are_refused():
@@ -123,9 +150,13 @@ def test_syscall_numbers_match_the_kernel_headers(arch, header):
                                                         re.MULTILINE)}
     i = ARCHES.index(arch)
     table = dict(seccomp.denied_syscalls(arch), clone=seccomp.CLONE[i], clone3=seccomp.CLONE3[i],
-                 personality=seccomp.PERSONALITY[i], socket=seccomp.SOCKET[i], socketpair=seccomp.SOCKETPAIR[i])
+                 personality=seccomp.PERSONALITY[i], socket=seccomp.SOCKET[i], socketpair=seccomp.SOCKETPAIR[i],
+                 madvise=seccomp.MADVISE[i], preadv2=seccomp.PREADV2[i], pwritev2=seccomp.PWRITEV2[i])
+    table.update(seccomp.program_denied_syscalls(arch))
     checked = {name: nr for name, nr in table.items() if name in defined}
-    assert len(checked) >= len(table) - 2  # at most a legacy call or two missing from a newer header
+    # at most a legacy call or two missing from a newer header, and what an older one lacks (cachestat: 6.5), or
+    # defines through another macro (fadvise64 on aarch64: __NR3264_fadvise64)
+    assert len(checked) >= len(table) - 3
     assert {name: defined[name] for name in checked} == checked
 
 
@@ -199,3 +230,89 @@ def test_ordinary_programs_still_run():
     r = run_python(program, timeout_s=10)
     assert r.ok, r.stderr
     assert r.stdout.split() == ["thread", "child", "7", "[2,", "3]"]
+
+
+# Every call the program filter refuses, made for real by the program (ctypes, arguments that would otherwise be
+# valid where cheap: a pipe's descriptor, a mapped page); each line prints "name errno". Then the calls a program
+# needs, which must still work.
+PROGRAM_PROBE = """
+import ctypes, mmap, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+A = 0 if platform.machine() == "x86_64" else 1
+NRS = {nrs!r}
+r, w = os.pipe()
+page = mmap.mmap(-1, 4096)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(page))
+vec = ctypes.create_string_buffer(1)
+iov = (ctypes.c_void_p * 2)(ctypes.addressof(vec), 1)
+ARGS = {{"socket": (2, 1, 0), "socketpair": (1, 1, 0, ctypes.addressof(vec)), "mincore": (addr, 4096, addr),
+        "fadvise64": (r, 0, 0, 4), "cachestat": (r, addr, addr, 0), "preadv2_nowait": (r, ctypes.addressof(iov), 1,
+        -1, 0, 8), "madvise_pageout": (addr, 4096, 21), "madvise_cold": (addr, 4096, 20)}}
+for name, nr in sorted(NRS.items()):
+    ctypes.set_errno(0)
+    rc = libc.syscall(ctypes.c_long(nr[A]), *[ctypes.c_long(a) for a in ARGS.get(name, (r, 0, 0, 0, 0, 0))])
+    print(name, ctypes.get_errno() if rc == -1 else "ok")
+print("madvise_dontneed", libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(4096), 4))
+os.write(w, b"x")
+print("preadv_plain", os.preadv(r, [bytearray(1)], -1) if hasattr(os, "preadv") else 1)
+"""
+
+
+def test_the_kernel_refuses_every_call_of_the_program_filter_with_eperm():
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    nrs = {name: nrs for name, nrs in {**seccomp.SOCKET_CALLS, **seccomp.RESIDENCY_CALLS}.items()}
+    nrs.update(preadv2_nowait=seccomp.PREADV2, madvise_pageout=seccomp.MADVISE, madvise_cold=seccomp.MADVISE)
+    r = run_python(PROGRAM_PROBE.format(nrs=nrs), timeout_s=10)
+    assert r.ok, r.stderr  # refused, not killed: the program went on to the end
+    got = dict(line.split() for line in r.stdout.splitlines())
+    assert got.pop("madvise_dontneed") == "0" and got.pop("preadv_plain") == "1"  # what malloc and os.preadv use
+    assert got == {name: str(errno.EPERM) for name in nrs}, got
+    assert len(got) == 25
+    # the positive control: the same program unsandboxed makes most of these calls (a socket, mincore, a pageout)
+    with pytest.warns(sandbox.UnsafeSandboxWarning):
+        free = run_python(PROGRAM_PROBE.format(nrs=nrs), timeout_s=10, unsafe_no_sandbox=True)
+    free_got = dict(line.split() for line in free.stdout.splitlines())
+    assert free_got["socket"] == free_got["mincore"] == free_got["madvise_pageout"] == "ok", free_got
+
+
+def test_the_zygote_keeps_its_socket_pair_and_the_program_has_none():
+    # The forker's unix socket pair was made under the sandbox's filter, before the program's: every test of a
+    # sample still runs (the forker passes each one its pipes over it), and no test can make one of its own.
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    program = ("import socket, sys\ntry:\n    socket.socketpair()\n    print('PAIR')\nexcept OSError as e:\n"
+               "    print(e.errno, sys.stdin.read())\n")
+    results = sandbox.run_python_tests(program, [f"{i}" for i in range(4)], timeout_s=5)
+    assert [r.stdout.split() for r in results] == [["1", str(i)] for i in range(4)], results
+
+
+ORDINARY = textwrap.dedent("""
+    import concurrent.futures, multiprocessing, subprocess, sys, threading
+    def square(x):
+        return x * x
+    if __name__ == "__main__":
+        n = int(input())
+        box = []
+        t = threading.Thread(target=lambda: box.append(n + 1)); t.start(); t.join()
+        child = subprocess.run([sys.executable, "-c", "print(int(input()) * 2)"], input=str(n), capture_output=True,
+                               text=True, check=True)
+        with multiprocessing.Pool(2) as pool:
+            pooled = sum(pool.map(square, range(n)))
+        with concurrent.futures.ProcessPoolExecutor(2) as ex:
+            executed = sum(ex.map(square, range(n)))
+        print(box[0], child.stdout.strip(), pooled, executed)
+""")
+
+
+def test_threads_subprocess_pool_and_process_pool_executor_still_score_full_marks():
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    from klear_lib.rewards.code import MODES, score_code
+
+    tests = [{"input": f"{n}\n", "output": f"{n + 1} {2 * n} {sum(x * x for x in range(n))} "
+                                          f"{sum(x * x for x in range(n))}"} for n in (3, 5)]
+    response = f"<think>plan</think>\n```python\n{ORDINARY}\n```\n"
+    r = score_code(response, tests, mode="signed", timeout_s=10.0)
+    assert (r.passed, r.total, r.score) == (2, 2, 1.0), r
+    assert [MODES[m](r.passed, r.total) for m in MODES] == [1.0, 1.0, 1.0]

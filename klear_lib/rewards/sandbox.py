@@ -80,7 +80,7 @@ from pathlib import Path
 
 from klear_lib.rewards import sandbox_cgroup, sandbox_json, sandbox_zygote, seccomp
 from klear_lib.rewards.sandbox_exec import SANDBOX_ENV, Killer, Raw, execute
-from klear_lib.rewards.sandbox_root import interpreter_files, is_under, root_argv
+from klear_lib.rewards.sandbox_root import interpreter_files, is_under, root_argv, warm_page_cache
 
 UNSAFE_ENV_VAR = "KLEAR_UNSAFE_NO_SANDBOX"
 UNCOUNTED_ENV_VAR = "KLEAR_SANDBOX_ALLOW_NO_CGROUP"  # training's opt-in to a sandbox without a cgroup
@@ -220,7 +220,9 @@ def run_python_tests(
     bwrap = _bwrap_path()
     root = os.geteuid() == 0
     job.update(sandboxed=True, path=PROGRAM_PATH, clean=["/tmp", "/dev/shm"], stdin_dir="/tmp",
-               uid=random.SystemRandom().randrange(*SANDBOX_UID_RANGE) if root else -1)
+               uid=random.SystemRandom().randrange(*SANDBOX_UID_RANGE) if root else -1,
+               program_filter=_seccomp_filter(program=True))  # each test's process stacks it (`seccomp`)
+    warm_page_cache(python)  # every file the sandbox shows in memory: residency says nothing (once per process)
     try:
         cgroup = sandbox_cgroup.open_sample(job["mem_cap"])
     except sandbox_cgroup.CgroupError as e:
@@ -409,10 +411,11 @@ def _zygote_code():
     return compile(_zygote_source(), sandbox_zygote.FILENAME, "exec", dont_inherit=True)  # no __future__ of ours
 
 
-@functools.lru_cache(maxsize=2)
-def _seccomp_filter(fixed_sigchld: bool = False) -> bytes:
+@functools.lru_cache(maxsize=4)
+def _seccomp_filter(fixed_sigchld: bool = False, *, program: bool = False) -> bytes:
+    """The sandbox's filter (bwrap loads it), or with `program` the one each test stacks on it (`seccomp`)."""
     try:
-        return seccomp.build_filter(fixed_sigchld=fixed_sigchld)
+        return seccomp.build_program_filter() if program else seccomp.build_filter(fixed_sigchld=fixed_sigchld)
     except seccomp.UnsupportedMachineError as e:
         raise SandboxUnavailableError(f"{e}: the sandbox cannot filter syscalls here. To run unsandboxed anyway "
                                       f"(dangerous), pass unsafe_no_sandbox=True or set {UNSAFE_ENV_VAR}=1.") from e

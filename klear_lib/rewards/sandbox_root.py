@@ -23,8 +23,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+import stat
 import struct
 import subprocess
+import time
 from dataclasses import dataclass
 
 # Run by the interpreter being sandboxed (stdlib only, no site): load every extension module it ships, then say
@@ -52,6 +54,11 @@ print(json.dumps({"executable": os.path.realpath(sys.executable), "files": sorte
 """
 
 LOADER_CACHE = "/etc/ld.so.cache"
+ON_DEMAND = ("libgcc_s.so.1",)  # libraries glibc dlopens later, beside libc
+# stdlib directories no program needs, hidden like site-packages: the regression tests (123 MB here) and, by
+# prefix, config-* (the static libpython and its Makefile, 44 MB); less to keep in the page cache
+HIDDEN_STDLIB = ("test",)
+SMALL_DIR_FILES, SMALL_DIR_BYTES = 64, 4 << 20  # a mapped file's directory shown whole below this
 
 
 @dataclass(frozen=True)
@@ -76,16 +83,75 @@ def interpreter_files(python: str) -> InterpreterFiles:
     info = json.loads(out.stdout.strip().splitlines()[-1])
     executable = info["executable"]
     dirs = {os.path.realpath(d) for d in info["stdlib"] if os.path.isdir(d)}
+    mapped = set()
     for f in info["files"]:
         real = os.path.realpath(f)
         if real != executable and os.path.isfile(real) and not real.startswith(("/proc/", "/dev/", "/tmp/")):
-            dirs.add(os.path.dirname(real))
+            mapped.add(real)
+    for d in {os.path.dirname(f) for f in mapped}:  # dlopened on demand (pthread_exit, thread cancellation)
+        mapped |= {os.path.realpath(os.path.join(d, n)) for n in ON_DEMAND if os.path.isfile(os.path.join(d, n))}
+    for d in {os.path.dirname(f) for f in mapped}:
+        if not any(is_under(d, k) for k in dirs) and _small(d):
+            dirs.add(d)  # a locale's directory: shown whole (a library directory: only what is mapped from it)
     directories = _outermost(dirs)
-    files = [executable] + ([os.path.realpath(LOADER_CACHE)] if os.path.isfile(LOADER_CACHE) else [])
+    files = [executable, *sorted(mapped)] + ([os.path.realpath(LOADER_CACHE)] if os.path.isfile(LOADER_CACHE) else [])
     files = [f for f in files if not any(is_under(f, d) for d in directories)]
     hidden = sorted({os.path.realpath(s) for s in info["site"] if os.path.isdir(s)
                      and any(is_under(os.path.realpath(s), d) for d in directories)})
-    return InterpreterFiles(executable, elf_interpreter(executable), directories, tuple(files), tuple(hidden))
+    hidden += sorted(os.path.join(d, n) for d in map(os.path.realpath, info["stdlib"]) if os.path.isdir(d)
+                     for n in os.listdir(d) if n in HIDDEN_STDLIB or n.startswith("config-")
+                     if os.path.isdir(os.path.join(d, n)))
+    return InterpreterFiles(executable, elf_interpreter(executable), directories, tuple(files),
+                            tuple(sorted(set(hidden))))
+
+
+def _small(d: str) -> bool:
+    """Whether directory `d` holds at most `SMALL_DIR_FILES` files of at most `SMALL_DIR_BYTES` in all."""
+    n = size = 0
+    for top, _, names in os.walk(d):
+        for name in names:
+            n += 1
+            try:
+                size += os.lstat(os.path.join(top, name)).st_size
+            except OSError:
+                pass
+            if n > SMALL_DIR_FILES or size > SMALL_DIR_BYTES:
+                return False
+    return True
+
+
+@functools.lru_cache(maxsize=8)
+def warm_page_cache(python: str) -> tuple[int, int, float]:
+    """Read every file the sandbox shows for `python` (a real path) once, so that all of them are in the page
+    cache before a first test: whether a page is resident then says nothing a program did (a sample that read
+    some files, for the next one to find them fast, finds every file fast). Once per process (a pool worker
+    warms before its first sample); (files, bytes, seconds). The program cannot take pages out again (the
+    program's seccomp filter refuses fadvise, madvise's COLD and PAGEOUT, preadv2's flags: `seccomp`)."""
+    info = interpreter_files(python)
+    t0 = time.perf_counter()
+    buf = bytearray(1 << 20)
+    files = size = 0
+    paths = list(info.files) + ([info.elf_interpreter] if info.elf_interpreter else [])
+    for d in info.directories:
+        for top, subdirs, names in os.walk(d):
+            subdirs[:] = [s for s in subdirs if os.path.join(top, s) not in info.hidden]
+            paths += [os.path.join(top, n) for n in names]
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:  # a symlink (its target is read in its own right), a file we may not read
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            files += 1
+            while (n := os.readv(fd, [buf])) > 0:
+                size += n
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return files, size, time.perf_counter() - t0
 
 
 @functools.lru_cache(maxsize=8)
@@ -100,6 +166,15 @@ def root_argv(python: str) -> tuple[str, ...]:
         real = _resolve(path, links)
         if real is not None and not any(is_under(real, b) for b in binds):
             binds.append(real)  # the loader itself, when it lives outside every bound directory
+    bound = set(info.files)
+    for d in sorted({os.path.dirname(f) for f in info.files}):  # the names the loader asks for: libz.so.1 -> ...
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            if ".so." in e.name and e.is_symlink() and os.path.realpath(e.path) in bound:  # no dev links (.so)
+                links[e.path] = os.readlink(e.path)
     links = {link: target for link, target in links.items() if not any(is_under(link, b) for b in binds)}
     parents = sorted({p for path in [*binds, *links] for p in _ancestors(path)} - {"/"})
     parents = [p for p in parents if not any(is_under(p, b) for b in binds)]

@@ -157,6 +157,9 @@ def main(job):
     why = state.counters.start() or state.reset_times()  # the counters first: their files move the timestamps
     if not job["sandboxed"]:
         _make_subreaper()  # each test is handed to this process by the forker: it must come here, not to init
+    if job.get("program_filter"):
+        global _PROGRAM_FILTER
+        _PROGRAM_FILTER = _ProgramFilter(job["program_filter"])  # every test's process loads it (`_child`)
     forker = _Forker(job, code)  # forks every test; from here on this process holds what tests wrote
     meter.forker = forker.pid
     if job["sandboxed"]:  # what a reset must find: the forker's socket pair alone (no wait here: bwrap's netlink
@@ -357,6 +360,34 @@ def _forker_loop(job, code, sock):
         sock.send(b"ok")
 
 
+class _ProgramFilter:
+    """The program's seccomp filter (`seccomp.build_program_filter`, built by the host), ready in memory before
+    the forker forks, so that each test's process only makes one prctl call to stack it on the sandbox's."""
+
+    def __init__(self, code):
+        import ctypes
+
+        class Prog(ctypes.Structure):  # struct sock_fprog
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.ctypes = ctypes
+        self.buf = ctypes.create_string_buffer(bytes(code), len(code))
+        self.prog = Prog(len(code) // 8, ctypes.addressof(self.buf))
+
+    def load(self):
+        """Stack the filter on this process (no_new_privs is set: bwrap set it for its own filter). Raises
+        OSError if the kernel refuses: the test then never runs its program."""
+        libc, ctypes = self.libc, self.ctypes
+        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS (already set by bwrap: a no-op, kept explicit)
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if libc.prctl(22, 2, ctypes.byref(self.prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+            raise OSError(ctypes.get_errno(), "the program's seccomp filter could not be loaded")
+
+
+_PROGRAM_FILTER = None
+
+
 def _make_subreaper():
     import ctypes
     if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
@@ -399,6 +430,8 @@ def _child(job, code, test, w, middle):
     _drop_uid(job["uid"])
     if job["sandboxed"] and job["uid"] < 0 and job["pid_fd"] >= 0:
         _drop_capabilities()  # non-root: the test keeps the zygote's uid, not its CAP_CHECKPOINT_RESTORE
+    if _PROGRAM_FILTER is not None:
+        _PROGRAM_FILTER.load()  # last: no socket, no page-cache query from here on (`seccomp`)
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(0)  # see the module docstring: big ints as in Python < 3.11
     sys.argv = [job["path"]]

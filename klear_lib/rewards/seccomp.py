@@ -1,26 +1,50 @@
-"""The sandbox's seccomp filter: a classic-BPF program, built here in pure Python, that bwrap loads (`--seccomp FD`).
+"""The sandbox's seccomp filters: classic-BPF programs, built here in pure Python. Two of them, stacked.
 
 A test program reads input, computes, and writes output; it may start threads, fork, and run the interpreter
 again. It never needs to create namespaces, trace or read other processes, mount, talk to the kernel keyring,
 load BPF or kernel modules, or use io_uring; nor SysV IPC, POSIX message queues or memfds (the standard library
 uses none of them: multiprocessing's shared memory and semaphores are files in /dev/shm), which would let a test
-leave state for the next one or hold memory outside its rlimits. The filter denies those with EPERM, so that a
-program that tries gets an ordinary OSError rather than a kill, and the sandbox no longer depends on the
-kernel's defaults (as root the sandbox's unprivileged uid could create user namespaces; see the module docstring
-of `sandbox`).
+leave state for the next one or hold memory outside its rlimits. Nor does it need a socket of any family, or to
+ask the kernel which pages of a file are in memory. Every refusal is EPERM, so that a program that tries gets an
+ordinary OSError rather than a kill, and the sandbox no longer depends on the kernel's defaults (as root the
+sandbox's unprivileged uid could create user namespaces; see the module docstring of `sandbox`).
 
-The program, in the kernel's `struct seccomp_data` terms (nr at offset 0, arch at 4, args[i] at 16 + 8 i):
+`build_filter`: the sandbox's filter, which bwrap loads (`--seccomp FD`) for every process of the sandbox, the
+warm interpreter (`sandbox_zygote`) included. In the kernel's `struct seccomp_data` terms (nr at offset 0, arch
+at 4, args[i] at 16 + 8 i):
 
     arch != AUDIT_ARCH of this machine      -> kill the process (32-bit entry points have other numbers)
     nr has the x32 bit (x86_64)             -> EPERM
     nr == clone  and args[0] & CLONE_NEW*   -> EPERM           (fork and threads pass)
     nr == clone3                            -> ENOSYS          (its flags live in memory, out of the filter's
                                                                reach; glibc then falls back to clone)
-    nr == socket/socketpair, family not in {unix, inet, inet6, netlink} -> EPERM (vsock is not namespaced)
+    nr == socket/socketpair, family not unix -> EPERM          (the zygote's own socket pair: `sandbox_zygote`)
     nr == personality, arg not 0 (Linux) or 0xffffffff (query)          -> EPERM (e.g. ASLR off)
     nr == rt_sigaction, signal SIGCHLD, a new action given -> EPERM   (only in `build_filter(fixed_sigchld=True)`)
     nr in DENIED                            -> EPERM
     otherwise                               -> allow
+
+`build_program_filter`: a second filter that each test's process loads on top of the first just before the
+program runs (filters stack: the kernel applies both, and neither can be removed). It is what the program lives
+under; the zygote and its forker, which pass descriptors over a unix socket pair, do not. It refuses, whatever
+the arguments:
+
+    every socket call (`SOCKET_CALLS`: socket, socketpair, connect, bind, listen, accept/accept4, send*/recv*,
+    get/setsockopt, getsockname/getpeername, shutdown). No socket means no packet, so none of the network
+    namespace's counters moves (/proc/net/snmp, snmp6, netstat, dev, sockstat), no IPv6 flow label is chosen,
+    and no socket cookie (a counter of the whole kernel: SO_COOKIE, socket diagnostics) is drawn. Before
+    (issue 45), tests of one sample passed 768 bits through flow labels and counts through the counters, and
+    the second sample of a group read the first one's bits from the cookie counter. The standard library keeps
+    its pipes (multiprocessing.Pool, ProcessPoolExecutor, subprocess); what needs a socket pair stops working:
+    asyncio's event loop, multiprocessing.Pipe() (duplex) and managers.
+    the page cache's residency, asked or changed (`RESIDENCY_CALLS`: mincore, cachestat, fadvise64,
+    process_madvise; madvise with MADV_COLD or MADV_PAGEOUT; preadv2/pwritev2 with any flag, RWF_NOWAIT and
+    RWF_DONTCACHE among them). The files the sandbox shows are all read into memory before its first test
+    (`sandbox_root.warm_page_cache`), so their residency says nothing, and with these refused no program can
+    take a page back out of it for the next sample to find missing.
+
+The stacked program's layout: arch check, then one comparison per refused number, then the argument checks of
+madvise and preadv2/pwritev2.
 
 `fixed_sigchld` is for a sandbox whose CPU time is summed from /proc (no cgroup counter): a child whose parent
 ignores SIGCHLD (or sets SA_NOCLDWAIT) is reaped by the kernel and its CPU time is added to no process, so ten
@@ -29,9 +53,9 @@ its default, every child is either waited for (its time reaches its parent's cou
 stays visible in /proc) until pid 1 reaps it. Setting any action of SIGCHLD is refused, handlers included
 (the pointer to the new action is all the filter sees); reading it (a NULL new action) passes.
 
-Only the low 32 bits of an argument are compared (the kernel reads clone flags, socket families and
-personalities as 32-bit values; a pointer, rt_sigaction's new action, is compared whole, both halves), and both
-supported machines are little-endian, where they sit at the lower address.
+Only the low 32 bits of an argument are compared (the kernel reads clone flags, socket families, personalities,
+madvise's advice and preadv2's flags as 32-bit values; a pointer, rt_sigaction's new action, is compared whole,
+both halves), and both supported machines are little-endian, where they sit at the lower address.
 """
 
 from __future__ import annotations
@@ -76,6 +100,18 @@ SYSCALLS: dict[str, tuple[int | None, int | None]] = {
     "_sysctl": (156, None), "create_module": (174, None), "get_kernel_syms": (177, None),
     "query_module": (178, None), "nfsservctl": (180, None),
 }
+# Refused to the program (`build_program_filter`), whatever the arguments: (x86_64, aarch64).
+SOCKET_CALLS: dict[str, tuple[int, int]] = {
+    "socket": (41, 198), "socketpair": (53, 199), "connect": (42, 203), "bind": (49, 200), "listen": (50, 201),
+    "accept": (43, 202), "accept4": (288, 242), "sendto": (44, 206), "recvfrom": (45, 207), "sendmsg": (46, 211),
+    "recvmsg": (47, 212), "sendmmsg": (307, 269), "recvmmsg": (299, 243), "getsockopt": (55, 209),
+    "setsockopt": (54, 208), "getsockname": (51, 204), "getpeername": (52, 205), "shutdown": (48, 210),
+}
+RESIDENCY_CALLS: dict[str, tuple[int, int]] = {
+    "mincore": (27, 232), "cachestat": (451, 451), "fadvise64": (221, 223), "process_madvise": (440, 440),
+}
+MADVISE, PREADV2, PWRITEV2 = (28, 233), (327, 286), (328, 287)
+MADV_COLD, MADV_PAGEOUT = 20, 21  # deactivate, reclaim: a file's pages out of the cache
 # Filtered by argument: (x86_64, aarch64).
 CLONE, CLONE3, PERSONALITY = (56, 220), (435, 435), (135, 92)
 RT_SIGACTION = (13, 134)
@@ -83,7 +119,7 @@ SIGCHLD = 17  # x86_64 and aarch64 alike
 SOCKET, SOCKETPAIR = (41, 198), (53, 199)
 
 CLONE_NEW_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
-ALLOWED_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK
+ALLOWED_FAMILIES = (1,)  # AF_UNIX: the zygote's socket pair (the program may use none: `build_program_filter`)
 ALLOWED_PERSONALITIES = (0x0, 0xFFFFFFFF)  # PER_LINUX, and the query personality(0xffffffff)
 X32_SYSCALL_BIT = 0x40000000
 
@@ -94,7 +130,7 @@ _ARCH_INDEX = {"x86_64": 0, "aarch64": 1}
 RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 # Classic BPF opcodes (linux/filter.h): load word absolute, jumps against a constant, return a constant.
 LD_W_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
-NR, ARCH, ARG0, ARG1 = 0, 4, 16, 24  # offsets in struct seccomp_data
+NR, ARCH, ARG0, ARG1, ARG2, ARG5 = 0, 4, 16, 24, 32, 56  # offsets in struct seccomp_data
 _INSN = struct.Struct("<HBBI")  # struct sock_filter {u16 code; u8 jt; u8 jf; u32 k}
 
 
@@ -118,12 +154,41 @@ def denied_syscalls(arch: str | None = None) -> dict[str, int]:
     return {name: nrs[i] for name, nrs in SYSCALLS.items() if nrs[i] is not None}
 
 
+def program_denied_syscalls(arch: str | None = None) -> dict[str, int]:
+    """Name -> number of every syscall `build_program_filter` refuses outright on `arch` (default: this
+    machine)."""
+    i = _ARCH_INDEX[arch or machine()]
+    return {name: nrs[i] for name, nrs in {**SOCKET_CALLS, **RESIDENCY_CALLS}.items()}
+
+
+def build_program_filter(arch: str | None = None) -> bytes:
+    """The filter each test's process stacks on the sandbox's own just before the program runs (module
+    docstring), for `arch` (default: this machine), as packed `sock_filter`s."""
+    arch = arch or machine()
+    i = _ARCH_INDEX[arch]
+    prog: list[tuple] = [
+        (LD_W_ABS, ARCH, None, None),
+        (JEQ, AUDIT_ARCH[arch], None, "kill"),
+        (LD_W_ABS, NR, None, None),
+        (JEQ, MADVISE[i], "madvise", None),
+        (JEQ, PREADV2[i], "rwf", None),
+        (JEQ, PWRITEV2[i], "rwf", None),
+    ]
+    prog += [(JEQ, nr, "eperm", None) for nr in sorted(program_denied_syscalls(arch).values())]
+    prog += [(RET, RET_ALLOW, None, None)]
+    labels = {"madvise": len(prog)}
+    prog += [(LD_W_ABS, ARG2, None, None), (JEQ, MADV_COLD, "eperm", None), (JEQ, MADV_PAGEOUT, "eperm", "allow")]
+    labels["rwf"] = len(prog)
+    prog += [(LD_W_ABS, ARG5, None, None), (JEQ, 0, "allow", "eperm")]  # preadv2/pwritev2: no flag at all
+    return _finish(prog, labels)
+
+
 def build_filter(arch: str | None = None, *, fixed_sigchld: bool = False) -> bytes:
     """The filter for `arch` (default: this machine) as packed `sock_filter`s, ready for `--seccomp FD`;
     `fixed_sigchld`: also refuse to change SIGCHLD's action (module docstring)."""
     arch = arch or machine()
     i = _ARCH_INDEX[arch]
-    eperm, enosys = RET_ERRNO | errno.EPERM, RET_ERRNO | errno.ENOSYS
+    eperm = RET_ERRNO | errno.EPERM
     # (opcode, k, jump-if-true label, jump-if-false label); a label None means "next instruction".
     prog: list[tuple] = [
         (LD_W_ABS, ARCH, None, None),
@@ -156,7 +221,14 @@ def build_filter(arch: str | None = None, *, fixed_sigchld: bool = False) -> byt
         prog += [(LD_W_ABS, ARG0, None, None), (JEQ, SIGCHLD, None, "allow"),
                  (LD_W_ABS, ARG1, None, None), (JEQ, 0, None, "eperm"),
                  (LD_W_ABS, ARG1 + 4, None, None), (JEQ, 0, "allow", "eperm")]
-    for name, ret in (("allow", RET_ALLOW), ("eperm", eperm), ("enosys", enosys), ("kill", RET_KILL_PROCESS)):
+    return _finish(prog, labels)
+
+
+def _finish(prog: list[tuple], labels: dict[str, int]) -> bytes:
+    """`prog` with the shared return instructions appended, assembled."""
+    rets = (("allow", RET_ALLOW), ("eperm", RET_ERRNO | errno.EPERM), ("enosys", RET_ERRNO | errno.ENOSYS),
+            ("kill", RET_KILL_PROCESS))
+    for name, ret in rets:
         labels[name] = len(prog)
         prog.append((RET, ret, None, None))
     return b"".join(_assemble(pc, insn, labels) for pc, insn in enumerate(prog))
