@@ -11,8 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from klear_lib.rewards import code as code_reward
+from klear_lib.rewards import sandbox_zygote
 from klear_lib.rewards.code import FAILURE_SCORES, MODES, REASONS, extract_code, score_code, select_tests
 from klear_lib.rewards.result import RewardResult
+from klear_lib.rewards.sandbox import run_python_tests
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None,
                                  reason="bubblewrap is not installed (apt-get install bubblewrap, or `make`)")
@@ -236,6 +238,40 @@ def test_exiting_before_the_call_returns_is_a_crash_and_a_flood_is_wrong():
     assert (r.reason, r.passed) == ("crashed", 0) and "exited before the call returned" in r.detail
     r = score_code(respond("def f(x):\n    while True:\n        print('y' * 100000)"), tests)
     assert (r.reason, r.passed) == ("none_passed", 0) and "output limit exceeded" in r.detail
+
+
+@needs_bwrap
+def test_a_correct_program_that_makes_many_temporary_files_keeps_its_score():
+    # 100 files (and as many renames) in /tmp on every test: far below the count quota (COUNTER_QUOTA), so every
+    # test of the sample runs and passes; and each test still finds /tmp as the first did (none of the 100 left).
+    program = ("import os\nn = int(input())\nassert os.listdir('/tmp') == ['main.py'], os.listdir('/tmp')\n"
+               "for i in range(100):\n    open(f'/tmp/part{i}.tmp', 'w').write(str(n))\n"
+               "    os.rename(f'/tmp/part{i}.tmp', f'/tmp/part{i}')\n"
+               "print(sum(int(open(f'/tmp/part{i}').read()) for i in range(100)) // 50)")
+    r = score_code(respond(program), DOUBLE_TESTS, mode="soft")
+    assert (r.score, r.reason, r.passed, r.total) == (1.0, "all_passed", 4, 4), r
+    assert 100 * 2 < sandbox_zygote.COUNTER_QUOTA["/tmp"]  # files and renames both count: the margin the test uses
+
+
+@needs_bwrap
+def test_a_correct_program_that_floods_stderr_keeps_its_score_and_its_log_is_truncated():
+    # 2 MiB on stderr, past the 1 MiB cap: read to its end, kept as its head, a mark and its tail, never a failure.
+    program = ("import sys\nn = int(input())\nfor _ in range(2048):\n    sys.stderr.write('e' * 1023 + '\\n')\n"
+               "sys.stderr.write('last words')\nprint(2 * n)")
+    r = score_code(respond(program), DOUBLE_TESTS, mode="soft")
+    assert (r.score, r.reason, r.passed) == (1.0, "all_passed", 4), r
+    cap = code_reward.output_cap(DOUBLE_TESTS)
+    [one] = run_python_tests(program, ["3\n"], timeout_s=6, max_output_bytes=cap)
+    assert one.ok and one.stdout == "6\n" and one.stderr_truncated and not one.output_limit_exceeded
+    assert cap - 100 <= len(one.stderr.encode()) <= cap == 1 << 20
+    head, mark, tail = one.stderr.partition("\n[stderr truncated: ")
+    assert head == ("e" * 1023 + "\n") * (len(head) // 1024) + "e" * (len(head) % 1024)
+    assert mark and tail.endswith("e" * 1023 + "\nlast words")
+    left_out = 2048 * 1024 + len("last words") - len(head) - len(tail.partition("]\n")[2])
+    assert tail.startswith(f"{left_out} of its {2048 * 1024 + 10} bytes left out here]\n")
+    # a crash after the flood: its reason still gives the traceback's last line (the tail)
+    r = score_code(respond(program.replace("print(2 * n)", "raise ValueError('the real cause')")), DOUBLE_TESTS[:1])
+    assert r.reason == "crashed" and "ValueError: the real cause" in r.detail, r
 
 
 def test_the_output_cap_follows_the_longest_expected_output():

@@ -438,7 +438,8 @@ def test_every_test_finds_the_same_pids_inode_numbers_and_entry_offsets():
     # too: test_sandbox_hostile.test_non_root_caller_is_contained_too)
     # More than the quota in one test: the sandbox is not reset, no further test runs.
     over = run_python_tests("import os, sys\nfor _ in range(int(sys.stdin.read())):\n"
-                            "    os.close(os.open('/tmp', os.O_TMPFILE | os.O_RDWR))\n", ["100", "0"], timeout_s=5)
+                            "    os.close(os.open('/tmp', os.O_TMPFILE | os.O_RDWR))\n",
+                            [str(sandbox_zygote.COUNTER_QUOTA["/tmp"] + 10), "0"], timeout_s=5)
     assert over[0].ok and "not run: the sandbox could not be reset" in over[1].stderr
     assert "more than" in over[1].stderr
 

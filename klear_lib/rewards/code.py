@@ -16,8 +16,9 @@ Rule (reference §5, "Rewards / Code"):
    All tests of a sample run in ONE sandbox (``sandbox.run_python_tests``), each in a fresh process forked from
    a warm interpreter, on a fresh /tmp, with its own ``timeout_s`` of CPU time (all its processes; a wall-clock
    backstop of 3x + 1 s ends one that waits): a test that hangs, crashes or floods its output costs that test
-   only, and a busy machine slows tests without failing them. A test's stdout, stderr and result are each
-   capped at 4x the sample's longest expected output (at least 1 MiB): past it, ``wrong``.
+   only, and a busy machine slows tests without failing them. A test's stdout and result are each capped at 4x
+   the sample's longest expected output (at least 1 MiB): past it, ``wrong``; its stderr (a log, not the answer)
+   is truncated at that size, with a mark, and never fails it.
 3. Score from k passed of n run (paper vs released code, reference §5):
 
        soft   = k / n            (the paper; 4 of 16 → 0.25)        failure score 0.0
@@ -222,10 +223,10 @@ def run_tests(program: str, tests: list[dict], opts: CodeRewardOptions, expected
 
 
 def output_cap(tests: list[dict], expected: list | None = None) -> int:
-    """Bytes of stdout (and of stderr, and of a result) a test may write before it is killed as ``wrong``: 4x the
-    longest expected output of the sample, at least ``OUTPUT_CAP_FLOOR``. Far past the answer's size a program
-    cannot pass any more, and a sample's results (up to 16 tests, both streams) then stay a few MiB in the reward
-    worker."""
+    """Bytes of stdout (and of a result) a test may write before it is killed as ``wrong``, and of stderr kept
+    (truncated past it, never a failure): 4x the longest expected output of the sample, at least
+    ``OUTPUT_CAP_FLOOR``. Far past the answer's size a program cannot pass any more, and a sample's results (up to
+    16 tests, both streams) then stay a few MiB in the reward worker."""
     if expected is None:
         expected = [_expected(t, i) for i, t in enumerate(tests)]
     sizes = [len(t["output"]) if _test_kind(t) == "stdio" else sandbox_json.json_size(want)

@@ -10,8 +10,8 @@ modules the program names, forks the forker (`_Forker`), and then for each test:
            │      │              the sandbox uid, run the program as __main__ (or as module `solution`, then
            │      └ exit         call one function); adopted here when the middle process exits
            └ here:  collect the child's output (capped); kill it at its CPU-time limit, its wall-clock backstop,
-                    the output cap or (without a cgroup) the sample's memory cap; reap it; then reset the
-                    sandbox for the next test (`_reset`) and send the test's frame to the host
+                    the output cap (stdout, result) or (without a cgroup) the sample's memory cap; reap it;
+                    then reset the sandbox for the next test (`_reset`) and send the test's frame to the host
 
 A frame is a header line of thirteen numbers followed by the raw stdout, stderr and result bytes it announces.
 
@@ -89,6 +89,7 @@ RLIMITS = (resource.RLIMIT_CPU, resource.RLIMIT_AS, resource.RLIMIT_NPROC, resou
 NO_PREIMPORT = frozenset({"this", "antigravity", "__hello__", "__phello__", "idlelib", "tkinter", "turtle",
                           "turtledemo", "pydoc", "webbrowser"})
 _CHUNK = 1 << 16
+ERR_TAIL = 4096  # the last bytes of a truncated stderr, kept after the mark (a traceback's last lines)
 _FLAGS = ("timed_out", "overflow", "out_truncated", "err_truncated", "result_overflow", "memory_exceeded")
 
 
@@ -203,6 +204,7 @@ def _run_test(job, forker, test, i, meter):
         posix.close(w)
         readers[r] = name
     data = {name: bytearray() for name in pipes}
+    data["err"] = _Stderr(cap)  # stderr is the log, not the answer: truncated past the cap, never a failure
     pidfd = posix.pidfd_open(pid)
     deadline = start + job["wall_s"]
     timed_out = overflow = exited = memory = False
@@ -226,7 +228,7 @@ def _run_test(job, forker, test, i, meter):
             if fd in readers and not _read_some(fd, data[readers[fd]], cap):
                 posix.close(fd)
                 del readers[fd]
-        overflow = any(len(b) > cap for b in data.values())
+        overflow = len(data["out"]) > cap or len(data.get("result", b"")) > cap
     if not exited:
         _kill(pid)
     _, status, usage = posix.wait4(pid, 0)
@@ -248,11 +250,11 @@ def _run_test(job, forker, test, i, meter):
                 del readers[fd]
     for fd in readers:
         posix.close(fd)
-    overflow = overflow or len(data["out"]) > cap or len(data["err"]) > cap
+    overflow = overflow or len(data["out"]) > cap
     result = bytes(data.get("result", b""))
-    frame = encode_frame(i, status, duration, cpu, bytes(data["out"][:cap]), bytes(data["err"][:cap]),
+    frame = encode_frame(i, status, duration, cpu, bytes(data["out"][:cap]), data["err"].kept(),
                          result[:cap], timed_out=timed_out, overflow=overflow, out_truncated=len(data["out"]) > cap,
-                         err_truncated=len(data["err"]) > cap, result_overflow=len(result) > cap,
+                         err_truncated=data["err"].size > cap, result_overflow=len(result) > cap,
                          memory_exceeded=memory)
     return frame, ""
 
@@ -643,8 +645,11 @@ PER_NAMESPACE = ("used", "inuse", "tw")  # sockstat's counts of the reader's net
 SOCKETS_SETTLE_S = 0.2
 # Inodes and directory entries a test may make in each writable directory (`_Counters`): /dev/shm holds
 # multiprocessing's semaphores (two entries and one inode each: a Pool, a Queue, a Lock, an Event and a
-# Semaphore make 16 of them), /tmp a program's own files. Every test pays for the whole quota (about 20 us per 1).
-COUNTER_QUOTA = {"/tmp": 32, "/dev/shm": 96}
+# Semaphore make 16 of them), /tmp a program's own files. Bytes are the tmpfs size's to limit; the count only has
+# to lie past what an honest program makes (a file per case, per chunk, per temporary directory: tens, a few
+# hundred at most), because a test past it ends the sample (no further test runs). Every test pays for the whole
+# quota, measured at 3 ms per test for 512 in /tmp (16 tests: 0.16 s at 32, 0.20 s at 512).
+COUNTER_QUOTA = {"/tmp": 512, "/dev/shm": 96}
 DEFAULT_QUOTA = 32  # any other writable directory (none today)
 
 
@@ -1029,12 +1034,46 @@ def _stdin_fd(text, where):
 
 def _read_some(fd, buf, cap):
     """Read what is there into `buf`, keeping at most cap + 1 bytes (one past the cap says it was exceeded);
-    False at end of file."""
+    False at end of file. `buf` is a bytearray, or a `_Stderr` (which keeps what it keeps)."""
     chunk = posix.read(fd, _CHUNK)
     if not chunk:
         return False
-    buf += chunk[:cap + 1 - len(buf)]
+    if isinstance(buf, _Stderr):
+        buf.add(chunk)
+    else:
+        buf += chunk[:cap + 1 - len(buf)]
     return True
+
+
+class _Stderr:
+    """A test's stderr, read to its end however long (a program that logs a lot must not block on a full pipe,
+    nor fail: stderr is not its answer) and kept within `cap` bytes: whole when it fits, else its head, a mark
+    saying how many bytes were left out, and its last `ERR_TAIL` bytes (at most a quarter of the cap)."""
+
+    def __init__(self, cap):
+        self.cap, self.size = cap, 0
+        self.tail_max = min(ERR_TAIL, cap // 4)
+        self.head, self.tail = bytearray(), bytearray()
+
+    def add(self, chunk):
+        self.size += len(chunk)
+        room = self.cap - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            del self.tail[:-self.tail_max or len(self.tail)]
+
+    def kept(self):
+        """The bytes the frame carries: at most `cap`."""
+        if self.size <= self.cap:
+            return bytes(self.head)
+        tail = bytes(self.tail[len(self.tail) - self.tail_max:]) if self.tail_max else b""
+        room = self.cap - len(tail) - 80  # the mark is shorter than 80 bytes
+        left_out = self.size - max(0, room) - len(tail)
+        mark = b"\n[stderr truncated: %d of its %d bytes left out here]\n" % (left_out, self.size)
+        return (bytes(self.head[:max(0, room)]) + mark + tail)[-self.cap:]
 
 
 def _write_all(fd, data):
