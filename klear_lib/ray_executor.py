@@ -72,20 +72,54 @@ def require_ray():
     return ray
 
 
+LOOPBACK = "127.0.0.1"  # the address of every port of a local cluster this module starts
+QUIET = {"logging_level": "ERROR", "log_to_driver": False, "configure_logging": True}
+
+
+def start_local(ray, **init):
+    """Start a Ray cluster of this machine alone (``ray.init(address="local", **init)``; it ends with this process)
+    whose every port listens on 127.0.0.1 only, without a dashboard.
+
+    Ray 2.60 binds its servers (GCS, raylet's node and object managers, core workers, the autoscaler's metrics, the
+    agents, the dashboard) to loopback exactly when the node's address is 127.0.0.1, and to every interface
+    otherwise; but ``ray.init`` turns a loopback ``_node_ip_address`` into the machine's routable address
+    (``services.resolve_ip_for_localhost``), except where clusters are off (``ray_constants.ENABLE_RAY_CLUSTER``,
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``: off on macOS and Windows, where Ray keeps local clusters on loopback).
+    It is turned off for this ``ray.init`` only, read at the time of the call (so also where Ray was imported
+    first), and put back: joining a real cluster later in this process is unchanged. Token authentication is Ray's
+    default for a new local cluster (``RAY_AUTH_MODE`` unset: a token in ``~/.ray/auth_token``)."""
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address="local", _node_ip_address=LOOPBACK, include_dashboard=False, **{**QUIET, **init})
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+    got = ray.util.get_node_ip_address()
+    if got != LOOPBACK:  # a later Ray that resolves it otherwise: never a cluster open to the network by surprise
+        ray.shutdown()
+        raise RuntimeError(f"the local Ray cluster got the node address {got}, not {LOOPBACK}: its ports would "
+                           f"listen on every interface (Ray {ray.__version__}); not started")
+    return ray
+
+
 def connect(address: str | None = None):
     """Join the cluster at ``address`` (default ``$KLEAR_RAY_ADDRESS``, else ``auto``); with ``auto`` and no cluster
-    running, start a local one, which ends with this process. Once per process: later calls reuse the connection."""
+    running, or ``local``, start a local one on loopback (``start_local``), which ends with this process. Once per
+    process: later calls reuse the connection."""
     ray = require_ray()
     if ray.is_initialized():
         return ray
     address = address or os.environ.get(ADDRESS_ENV) or "auto"
-    quiet = {"logging_level": "ERROR", "log_to_driver": False, "configure_logging": True}
+    if address == "local":
+        return start_local(ray)
     try:
-        ray.init(address=address, **quiet)
+        ray.init(address=address, **QUIET)
     except ConnectionError as err:
         if address != "auto" or "Could not find any running Ray instance" not in str(err):
             raise  # several clusters on this machine, for one: name one with --ray-address
-        ray.init(address="local", include_dashboard=False, **quiet)  # a new cluster, not another one found
+        start_local(ray)  # a new cluster, not another one found
     return ray
 
 

@@ -1,13 +1,14 @@
 """The Ray executor's cost per unit on one machine against the local pool, in one process and on one cluster
 (the figures in docs/scale.md): ``python tests/ray_overhead.py [--units 16] [--rounds 3]``.
 
-A local Ray cluster of this machine's CPUs (started by ``ray_executor.connect``, ended with this process) and the
-local pool with as many workers run the same short units (``jobfns.count_and_write``: a few records, torch already
-imported), alternately, after one warm-up run each (the local pool's forkserver, Ray's workers and theirs). Per unit:
-the round's wall time / units × concurrency, i.e. the time one unit holds a CPU; the Ray overhead is the difference
-of the medians. Cold: the warm-up runs' wall times (what the first ``run_jobs`` of a process pays). With
-``--start-mb M`` the units read a start of M MB (a cache entry) and Ray runs twice a round, every node sharing the
-driver's disk (``KLEAR_RAY_FILES=shared``) and shipping the start (``ship``)."""
+A local Ray cluster of this machine's CPUs (``ray_executor.start_local``, as ``connect`` starts one: on loopback;
+ended with this process) and the local pool with as many workers run the same short units
+(``jobfns.count_and_write``: a few records, torch already imported), alternately, after one warm-up run each (the
+local pool's forkserver, Ray's workers and theirs). Per unit: the round's wall time / units × concurrency, i.e. the
+time one unit holds a CPU; the Ray overhead is the difference of the medians. Cold: the warm-up runs' wall times
+(what the first ``run_jobs`` of a process pays). With ``--start-mb M`` the units read a start of M MB (a cache entry)
+and Ray runs twice a round, every node sharing the driver's disk (``KLEAR_RAY_FILES=shared``) and shipping the start
+(``ship``)."""
 
 from __future__ import annotations
 
@@ -39,9 +40,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="ray-overhead-"))
     os.environ[ray_executor.SCRATCH_ENV] = str(work / "scratch")  # the local cluster's node mirrors, removed below
-    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, logging_level="ERROR",
-             log_to_driver=False, object_store_memory=100 * 2**20, _temp_dir=str(work / "ray"))
-    ray_executor.connect()
+    ray_executor.start_local(ray, num_cpus=args.cpus, object_store_memory=100 * 2**20, _temp_dir=str(work / "ray"))
 
     start = None
     if args.start_mb:

@@ -180,6 +180,193 @@ def _calls(tmp_path):
     return sorted(int(x) for x in log.read_text().split()) if log.exists() else []
 
 
+# ---- the local cluster that `--executor ray` starts: loopback only -----------------------------------------------
+
+LOCAL_DRIVER = """
+import json, sys
+sys.path[:0] = [sys.argv[2], sys.argv[3]]
+from klear_lib import experiment
+jobs = [experiment.Job("job/n=2", "jobfns:count_and_write", {"n": 2, "log": sys.argv[4]})]
+results = experiment.run_jobs(jobs, sys.argv[1], executor="ray", progress=lambda *_: None)
+import ray
+from ray._private import ray_constants
+print(json.dumps({"gcs": ray.get_runtime_context().gcs_address, "node_ip": ray.util.get_node_ip_address(),
+                  "clusters_back_on": ray_constants.ENABLE_RAY_CLUSTER, "results": sorted(results)}), flush=True)
+sys.stdin.readline()  # the test lists the sockets now; the cluster ends with this process
+"""
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _tree(root: int) -> set[int]:
+    """``root`` and every live process below it (through /proc/<pid>/stat's parent ids)."""
+    parents = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found, todo = {root}, [root]
+    while todo:
+        pid = todo.pop()
+        kids = [p for p, parent in parents.items() if parent == pid and p not in found]
+        found.update(kids)
+        todo.extend(kids)
+    return found
+
+
+def _address(hex_addr: str):
+    """A /proc/net/{tcp,udp}[6] address (``0100007F:1F90``: 32-bit words in host order, the port big-endian)."""
+    import ipaddress
+
+    host, port = hex_addr.split(":")
+    raw = bytes.fromhex(host)
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
+    return ipaddress.ip_address(raw), int(port, 16)
+
+
+def listening(pid: int) -> list[tuple[str, str, int]]:
+    """The listening TCP and bound UDP sockets that process ``pid`` holds: ``(proto, address, port)``. Its open
+    file descriptors name socket inodes; its network namespace's /proc tables give each inode's local address."""
+    try:
+        inodes = set()
+        for fd in pathlib.Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                link = os.readlink(fd)
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    except OSError:
+        return []
+    out = []
+    for proto in ("tcp", "tcp6", "udp", "udp6"):
+        try:
+            rows = pathlib.Path(f"/proc/{pid}/net/{proto}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if f[9] in inodes and (proto.startswith("udp") or f[3] == "0A"):  # TCP: LISTEN only; UDP: any bound
+                addr, port = _address(f[1])
+                out.append((proto, str(addr), port))
+    return out
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1: an IPv6 socket bound to IPv4's loopback
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _describe(pid: int) -> str:
+    try:
+        comm = pathlib.Path(f"/proc/{pid}/comm").read_text().strip()
+        args = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return f"pid {pid}"
+    script = next((a.decode().split("site-packages/")[-1] for a in args if a.endswith(b".py")), "")
+    return f"{comm} (pid {pid}{', ' + script if script else ''})"
+
+
+def test_the_local_cluster_that_executor_ray_starts_listens_on_loopback_only(tmp_path):
+    """A driver runs a unit with ``executor="ray"`` and ``KLEAR_RAY_ADDRESS=local`` (``connect`` ->
+    ``start_local``, the path ``auto`` takes when no cluster runs): every TCP socket listening and every UDP socket
+    bound in any process of the cluster it started (the driver, everything below it, and whatever carries its
+    mark) is on loopback; GCS, raylet, the driver and Ray's workers are among them (the scan sees them). The
+    cluster ends with the driver. Ray's default token authentication applies (a token made in the driver's HOME)."""
+    mark = uuid.uuid4().hex
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS", ray_executor.ADDRESS_ENV)}
+    env.update({MARK: mark, ray_executor.ADDRESS_ENV: "local", "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0",
+                ray_executor.SCRATCH_ENV: str(tmp_path / "scratch")})
+    script = tmp_path / "driver.py"
+    script.write_text(LOCAL_DRIVER)
+    clock = time.monotonic()
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "run"), str(REPO), str(TESTS),
+                             str(tmp_path / "calls.log")], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen: dict[int, str | None] = {}
+    try:
+        line = proc.stdout.readline()
+        assert line, f"the driver ended: {proc.stderr.read()[-3000:]}"
+        facts = json.loads(line)
+        pids = _tree(proc.pid) | set(marked(MARK, mark))
+        seen = {pid: _start_time(pid) for pid in pids}
+        sockets = {pid: listening(pid) for pid in pids}
+        names = {pid: _describe(pid) for pid in pids}
+        open_ = [f"{names[pid]}: {proto} {addr} port {port}" for pid, rows in sockets.items()
+                 for proto, addr, port in rows if not _is_loopback(addr)]
+        assert open_ == [], "listening beyond loopback:\n" + "\n".join(open_)
+        # not a vacuous pass: the cluster's servers are there, listening (on loopback)
+        by_name = {}
+        for pid, rows in sockets.items():
+            by_name.setdefault(names[pid].split(" (")[0], []).extend(port for _, _, port in rows)
+        gcs_port = int(facts["gcs"].rsplit(":", 1)[1])
+        assert gcs_port in by_name.get("gcs_server", []), (facts, by_name)
+        assert len(by_name.get("raylet", [])) >= 2, by_name  # its node manager and object manager
+        assert sockets[proc.pid], "the driver's own core worker server was not found"
+        assert facts["node_ip"] == "127.0.0.1" and facts["clusters_back_on"] is True, facts
+        assert facts["results"] == ["job/n=2"], facts
+        assert (home / ".ray" / "auth_token").is_file()  # RAY_AUTH_MODE unset: Ray's token mode for a new cluster
+        print(f"{len(pids)} processes, {sum(map(len, sockets.values()))} sockets, all on loopback: "
+              + "; ".join(f"{n} {sorted(p)}" for n, p in sorted(by_name.items()) if p))
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()[-3000:]
+        deadline = time.monotonic() + 20
+        left = [pid for pid, start in seen.items() if _start_time(pid) == start]
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = [pid for pid, start in seen.items() if _start_time(pid) == start]
+        assert left == [], f"processes of the local cluster left after its driver ended: {left}"
+        print(f"loopback check: {time.monotonic() - clock:.1f}s in all")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if not stream.closed:
+                stream.close()
+        _kill([pid for pid, start in seen.items() if _start_time(pid) == start] + marked(MARK, mark))
+
+
+def test_auto_without_a_running_cluster_starts_the_local_one_on_loopback(monkeypatch):
+    """``connect("auto")`` (the default) where Ray finds no cluster goes to ``start_local``, the path tested above;
+    a named address that fails is that address's error, never a local cluster."""
+    calls, started = [], []
+
+    class FakeRay:
+        __version__ = ray.__version__
+
+        @staticmethod
+        def is_initialized():
+            return False
+
+        @staticmethod
+        def init(address, **kwargs):
+            calls.append(address)
+            raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to")
+
+    monkeypatch.setattr(ray_executor, "require_ray", lambda: FakeRay)
+    monkeypatch.setattr(ray_executor, "start_local", lambda r, **kw: started.append((r, kw)) or r)
+    monkeypatch.delenv(ray_executor.ADDRESS_ENV, raising=False)
+    assert ray_executor.connect() is FakeRay
+    assert (calls, started) == (["auto"], [(FakeRay, {})])
+    assert ray_executor.connect("local") is FakeRay and calls == ["auto"]  # local: no search first
+    with pytest.raises(ConnectionError):
+        ray_executor.connect("10.0.0.1:6379")
+    assert len(started) == 2
+
+
 @pytest.mark.parametrize("first,then", [("ray", "local"), ("local", "ray")])
 def test_a_run_started_on_one_executor_resumes_on_the_other_redoing_no_finished_unit(cluster, tmp_path, first,
                                                                                        then):
