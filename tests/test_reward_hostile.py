@@ -403,6 +403,118 @@ def save(v):
 """,
 }
 
+# Issue 45: what a test could move before the program's own seccomp filter (no socket, no page-cache query).
+# A counter of the sample's network namespace, moved by sending UDP datagrams over the loopback to a socket of our
+# own (no ICMP answer, one packet each); read from /proc/net as the next test finds it.
+NET_COUNTER = """
+import socket
+RX = None
+def bump():
+    global RX
+    if RX is None:
+        RX = socket.socket({family}, socket.SOCK_DGRAM)
+        RX.bind(({loopback!r}, 0))
+    socket.socket({family}, socket.SOCK_DGRAM).sendto(b'x', RX.getsockname())
+def field(path, row, name):
+    lines = [line.split() for line in open(path).read().splitlines()]
+    for head, values in zip(lines, lines[1:]):
+        if head[0] == row and values[0] == row:
+            return int(values[head.index(name)])
+    raise LookupError
+def count():
+    return {count}
+def load():
+    r = count() % 256
+    if not 160 <= r < 176:
+        raise LookupError
+    return r - 160
+def save(v):
+    for _ in range(600):
+        if count() % 256 == 160 + v:
+            return
+        bump()
+"""
+NET_CHANNELS = {
+    "net_snmp_udp_out_datagrams": dict(family="socket.AF_INET", loopback="127.0.0.1",
+                                       count="field('/proc/net/snmp', 'Udp:', 'OutDatagrams')"),
+    "net_snmp6_udp6_out_datagrams": dict(
+        family="socket.AF_INET6", loopback="::1",
+        count="int(dict(l.split() for l in open('/proc/net/snmp6'))['Udp6OutDatagrams'])"),
+    "net_netstat_out_octets": dict(family="socket.AF_INET", loopback="127.0.0.1",  # 29 bytes a datagram
+                                   count="field('/proc/net/netstat', 'IpExt:', 'OutOctets') // 29"),
+    "net_dev_loopback_tx_packets": dict(
+        family="socket.AF_INET", loopback="127.0.0.1",
+        count="[int(l.split(':')[1].split()[9]) for l in open('/proc/net/dev') if l.strip().startswith('lo:')][0]"),
+}
+COUNTER_CHANNELS.update({name: NET_COUNTER.format(**kw) for name, kw in NET_CHANNELS.items()})
+COUNTER_CHANNELS.update({
+    # IPv6 flow labels: a label taken with IPV6_FLOWLABEL_MGR lingers in the namespace's table for seconds after
+    # its socket closes, listed in /proc/net/ip6_flowlabel (20 bits a label; the review sent 768 bits a test)
+    "ipv6_flow_label": """
+import socket, struct
+def load():
+    labels = [int(l.split()[0], 16) for l in open('/proc/net/ip6_flowlabel').read().splitlines()[1:]]
+    v = [x - 0xA0 for x in labels if 0xA0 <= x < 0xB0]
+    if not v:
+        raise LookupError
+    return max(v)
+def save(v):
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    req = bytes(15) + b'\\1' + struct.pack('>I', 0xA0 + v) + struct.pack('<BBHHHI', 0, 255, 1, 0, 6, 0)  # to ::1
+    s.setsockopt(41, 32, req)  # IPPROTO_IPV6, IPV6_FLOWLABEL_MGR
+    s.close()
+""",
+    # socket cookies: SO_COOKIE numbers sockets from one counter of the whole kernel (across samples too)
+    "socket_cookie": """
+import socket
+def fresh():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    c = int.from_bytes(s.getsockopt(socket.SOL_SOCKET, 57, 8), 'little')  # SO_COOKIE
+    s.close()
+    return c
+""" + BY_A_FRESH_NUMBER.format(ahead=1),
+})
+
+# The page cache: the sandbox shows host files read-only, and whether a page of one is in memory is the whole
+# machine's. A sender reads the files of the bits it sets; a receiver asks which are resident (mincore, else the
+# time a read takes). A marker file (always read by the sender) and a control file (never read) make a message:
+# the marker resident, the control not. Files: the stdlib's idlelib, which no program imports, chosen by the seed.
+PAGE_CACHE = """
+import ctypes, mmap, os, random, time
+libc = ctypes.CDLL(None, use_errno=True)
+IDLE = os.path.join(os.path.dirname(os.__file__), 'idlelib')
+NAMES = sorted(n for n in os.listdir(IDLE) if n.endswith('.py') and os.path.getsize(os.path.join(IDLE, n)) > 8192)
+FILES = [os.path.join(IDLE, n) for n in random.Random(SEED).sample(NAMES, {nbits} + 2)]
+MARK, CONTROL, BITS = FILES[0], FILES[1], FILES[2:]
+def resident(path):
+    with open(path, 'rb') as f:
+        try:
+            m = mmap.mmap(f.fileno(), 4096, access=mmap.ACCESS_COPY)  # mapped, not touched
+            vec = ctypes.create_string_buffer(1)
+            if libc.mincore(ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(m))), 4096, vec) == 0:
+                return vec.raw[0] & 1 == 1
+        except Exception:
+            pass
+        t = time.perf_counter()  # mincore refused: the time one page takes to read
+        f.read(4096)
+        return time.perf_counter() - t < 30e-6
+def read_bits():
+    if not resident(MARK) or resident(CONTROL):
+        raise LookupError
+    return sum(1 << i for i, p in enumerate(BITS) if resident(p))
+def send_bits(v):
+    for p in [MARK] + [p for i, p in enumerate(BITS) if v >> i & 1]:
+        with open(p, 'rb') as f:
+            f.read()
+"""
+COUNTER_CHANNELS["page_cache"] = PAGE_CACHE.format(nbits=4) + """
+def load():
+    return read_bits()
+def save(v):
+    send_bits(v)
+"""
+
+
 # The peek family: test i's answer is test i+1's input; the program looks for the other tests' inputs in the
 # harness's frames and globals (before, every test's process held them all).
 PEEK_PROGRAM = """
@@ -933,3 +1045,94 @@ def test_big_integers_compare_exactly(host, monkeypatch):
     # stdin/stdout: the program may print a big int as Python < 3.11 did (the tests' reference solutions)
     stdio = [{"input": "20000\n", "output": ground_truth_json([2 ** 20000])[1:-1] + "\n"}]
     assert score_code(respond("print(2 ** int(input()))"), stdio).passed == 1
+
+
+# --- issue 45: from one sample of a group to the next, and the wall clock ------------------------------------------
+
+CROSS_SAMPLE = ["page_cache", "socket_cookie"]  # machine-wide state (a network namespace is the sample's own)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODE_LIST)
+def test_no_channel_carries_from_one_sample_to_the_next_through_the_units_pool(mode, signed_pool, honest_wrong,
+                                                                                pool_host):
+    # Sample 1 of a group searches and saves its progress where the next sample can read it (the page cache, the
+    # kernel's socket-cookie counter); sample 2, judged after it on the same pool, resumes from it. Before (the
+    # review): full marks for sample 2 in every mode, hard included. Two tests a sample keep it cheap.
+    reward = unit_reward(signed_pool, mode, timeout_s=STATE_TIMEOUT_S)
+    tests = PROBLEMS["search"][:2]
+    for name in CROSS_SAMPLE:
+        program = next(p.program for p in PROBES if p.name == f"counter_{name}")
+        for k in (1, 2):  # distinct texts: MemoPool judges each distinct item once
+            [score] = reward([respond(program + f"\n# sample {k} of the group\n")], tests=[tests])
+            res = reward.last_results[0]
+            assert res.passed == 0 and res.reason not in ("error", "judge_error", "worker_died"), (name, k, res)
+            assert score <= honest_wrong["search", mode], (name, k, res)
+
+
+PAGE_BITS = 12
+PAGE_SENDER = "SEED = bytes.fromhex({seed!r})\n" + PAGE_CACHE.format(nbits=PAGE_BITS) + "send_bits(int(input()))\n"
+PAGE_RECEIVER = ("SEED = bytes.fromhex({seed!r})\n" + PAGE_CACHE.format(nbits=PAGE_BITS)
+                 + "try:\n    print(read_bits())\nexcept LookupError:\n    print('none')\n")
+
+
+def _evict(files) -> bool:
+    """Take `files` out of the page cache (as the host may under memory pressure); whether they all left."""
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    names: dict = {"SEED": SEED}
+    exec(PAGE_CACHE.format(nbits=PAGE_BITS), names)
+    return not any(names["resident"](p) for p in files)
+
+
+def test_the_page_cache_carries_no_bit_from_one_sample_to_the_next(host):
+    names: dict = {"SEED": SEED}
+    exec(PAGE_CACHE.format(nbits=PAGE_BITS), names)  # the files the programs choose (the stdlib is the host's)
+    files = names["FILES"]
+    secret = secrets.randbits(PAGE_BITS)
+    sender, receiver = (p.format(seed=SEED.hex()) for p in (PAGE_SENDER, PAGE_RECEIVER))
+    # the positive control: the same two samples unsandboxed, on files not in memory, send every bit
+    if _evict(files):
+        with pytest.warns(sandbox.UnsafeSandboxWarning):
+            run_python_tests(sender, [f"{secret}\n"], unsafe_no_sandbox=True)
+            [free] = run_python_tests(receiver, [""], unsafe_no_sandbox=True)
+        assert free.stdout.split() == [str(secret)], free
+    else:
+        REPORT.append("page cache: the host kept the files in memory; no positive control this run")
+    # sandboxed, starting from the same cold files: a new worker reads the whole root before its first sample
+    _evict(files)
+    sandbox.warm_page_cache.cache_clear()
+    run_python_tests(sender, [f"{secret}\n"])
+    [boxed] = run_python_tests(receiver, [""])
+    assert boxed.ok and boxed.stdout.split() == ["none"], boxed  # every file resident: no message at all
+
+
+CLOCK_PROGRAM = """
+import sys, time
+t0 = time.monotonic_ns()
+B, W = {bits}, {slot_ms} * 1_000_000
+P = W << B
+print(((t0 - 20_000_000) % P) // W)  # what the previous test sent: the phase this one starts at, less the gap
+target = (time.monotonic_ns() // P + 1) * P + int(sys.stdin.read()) * W + W // 2  # send: end at a chosen phase
+while time.monotonic_ns() < target:
+    time.sleep(0.0005)
+"""
+
+
+@pytest.mark.slow
+def test_the_wall_clock_is_the_documented_residual(host):
+    # docs/sandbox_security.md: a test ends at a phase of the clock it chooses, and the next one reads that phase
+    # at its start (the gap between them is ~12-25 ms). Measured here so that the page stays true: 3 bits in
+    # 50 ms slots (0.4 s of waiting) arrive nearly always. If this fails, the residual closed: update the page.
+    bits, slot_ms, n = 3, 50, 8
+    sent = [secrets.randbelow(1 << bits) for _ in range(n)]
+    rs = run_python_tests(CLOCK_PROGRAM.format(bits=bits, slot_ms=slot_ms), [f"{v}\n" for v in sent],
+                          timeout_s=1.0)
+    got = [int(r.stdout.split()[0]) for r in rs]
+    arrived = sum(got[i + 1] == sent[i] for i in range(n - 1))
+    REPORT.append(f"wall clock: {arrived}/{n - 1} messages of {bits} bits arrived (slots of {slot_ms} ms)")
+    assert arrived >= (n - 1) // 2
