@@ -35,6 +35,7 @@ the owner check), so that neither imports the other.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import hashlib
 import os
 import shutil
@@ -76,26 +77,35 @@ LOOPBACK = "127.0.0.1"  # the address of every port of a local cluster this modu
 QUIET = {"logging_level": "ERROR", "log_to_driver": False, "configure_logging": True}
 
 
-def start_local(ray, **init):
-    """Start a Ray cluster of this machine alone (``ray.init(address="local", **init)``; it ends with this process)
-    whose every port listens on 127.0.0.1 only, without a dashboard.
+@contextlib.contextmanager
+def _on_loopback():
+    """Ray's single-machine addressing for the ``ray.init`` inside: a loopback address stays loopback.
 
-    Ray 2.60 binds its servers (GCS, raylet's node and object managers, core workers, the autoscaler's metrics, the
-    agents, the dashboard) to loopback exactly when the node's address is 127.0.0.1, and to every interface
-    otherwise; but ``ray.init`` turns a loopback ``_node_ip_address`` into the machine's routable address
-    (``services.resolve_ip_for_localhost``), except where clusters are off (``ray_constants.ENABLE_RAY_CLUSTER``,
-    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``: off on macOS and Windows, where Ray keeps local clusters on loopback).
-    It is turned off for this ``ray.init`` only, read at the time of the call (so also where Ray was imported
-    first), and put back: joining a real cluster later in this process is unchanged. Token authentication is Ray's
-    default for a new local cluster (``RAY_AUTH_MODE`` unset: a token in ``~/.ray/auth_token``)."""
+    Ray 2.60 binds its servers (GCS, the raylet's node and object managers, core workers, the autoscaler's metrics,
+    the agents, the dashboard) to 127.0.0.1 exactly when the node's address is 127.0.0.1, and to every interface
+    otherwise; but ``ray.init`` rewrites a loopback address (``_node_ip_address``, or the host of ``address``) to the
+    machine's routable one (``services.resolve_ip_for_localhost``), except where clusters are off
+    (``ray_constants.ENABLE_RAY_CLUSTER``, from ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``: off on macOS and Windows,
+    where Ray keeps local clusters on loopback). Turned off here and put back after: Ray reads it at the call (so
+    this works where Ray was imported first), and the rest of the process (a real cluster joined later) is
+    unchanged."""
     from ray._private import ray_constants
 
     saved = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        ray.init(address="local", _node_ip_address=LOOPBACK, include_dashboard=False, **{**QUIET, **init})
+        yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def start_local(ray, **init):
+    """Start a Ray cluster of this machine alone (``ray.init(address="local", **init)``; it ends with this process)
+    whose every port listens on 127.0.0.1 only (``_on_loopback``), without a dashboard. Token authentication is
+    Ray's default for a new local cluster (``RAY_AUTH_MODE`` unset: a token in ``~/.ray/auth_token``, made if
+    missing); ``RAY_AUTH_MODE=disabled`` turns it off."""
+    with _on_loopback():
+        ray.init(address="local", _node_ip_address=LOOPBACK, include_dashboard=False, **{**QUIET, **init})
     got = ray.util.get_node_ip_address()
     if got != LOOPBACK:  # a later Ray that resolves it otherwise: never a cluster open to the network by surprise
         ray.shutdown()
@@ -104,9 +114,15 @@ def start_local(ray, **init):
     return ray
 
 
+def _is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0] if address.count(":") == 1 else address.rsplit("]:", 1)[0].lstrip("[")
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
 def connect(address: str | None = None):
     """Join the cluster at ``address`` (default ``$KLEAR_RAY_ADDRESS``, else ``auto``); with ``auto`` and no cluster
-    running, or ``local``, start a local one on loopback (``start_local``), which ends with this process. Once per
+    running, or ``local``, start a local one on loopback (``start_local``), which ends with this process. An address
+    on loopback (``127.0.0.1:6379``) is joined there, not at the machine's routable address, as Ray would. Once per
     process: later calls reuse the connection."""
     ray = require_ray()
     if ray.is_initialized():
@@ -115,7 +131,8 @@ def connect(address: str | None = None):
     if address == "local":
         return start_local(ray)
     try:
-        ray.init(address=address, **QUIET)
+        with _on_loopback() if _is_loopback(address) else contextlib.nullcontext():
+            ray.init(address=address, **QUIET)
     except ConnectionError as err:
         if address != "auto" or "Could not find any running Ray instance" not in str(err):
             raise  # several clusters on this machine, for one: name one with --ray-address

@@ -69,133 +69,6 @@ def _kill(pids) -> None:
             pass
 
 
-class Cluster:
-    """Two Ray nodes on this machine, started with ``ray start``; every process they start is marked, so that the
-    test ends exactly those (never ``ray stop``, which would end every cluster of the machine)."""
-
-    def __init__(self):
-        self.mark = uuid.uuid4().hex
-        self.base = pathlib.Path(tempfile.mkdtemp(prefix="kray-"))  # short: Ray's socket paths must fit 107 bytes
-        self.port = _free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.start("head")
-        self.start("w")
-
-    def scratch(self, node: str) -> pathlib.Path:
-        return self.base / f"scratch-{node}"
-
-    def start(self, node: str) -> None:
-        env = {**os.environ, MARK: self.mark, "KLEAR_TEST_NODE": node, "RAY_USAGE_STATS_ENABLED": "0",
-               "RAY_AUTH_MODE": "disabled",  # whatever ~/.ray/auth_token this machine's other users made
-               "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]),
-               ray_executor.SCRATCH_ENV: str(self.scratch(node))}
-        ports = ["--dashboard-agent-listen-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
-                 "--runtime-env-agent-port", str(_free_port())]
-        where = (["--head", "--port", str(self.port), "--ray-client-server-port", str(_free_port()),
-                  "--include-dashboard", "false", "--dashboard-port", str(_free_port())] if node == "head"
-                 else ["--address", self.address])
-        cmd = [str(pathlib.Path(sys.executable).parent / "ray"), "start", *where, "--num-cpus", "1",
-               "--object-store-memory", str(80 * 2**20), "--temp-dir", str(self.base / node),
-               "--resources", json.dumps({f"node_{node}": 1}), "--node-ip-address", "127.0.0.1",
-               "--disable-usage-stats", *ports]
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-        assert out.returncode == 0, f"ray start {node} failed: {out.stderr[-2000:]}"
-
-    def kill_node(self, node: str) -> None:
-        _kill(marked(MARK, self.mark, node))
-
-    def stop(self) -> None:
-        pids = marked(MARK, self.mark)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
-        deadline = time.monotonic() + 5
-        while marked(MARK, self.mark) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        _kill(marked(MARK, self.mark))
-        shutil.rmtree(self.base, ignore_errors=True)
-
-
-class _Started(Cluster):
-    def __init__(self):  # a node that fails to start ends the ones already started
-        try:
-            super().__init__()
-        except BaseException:
-            self.stop()
-            raise
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    saved = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"  # the driver's side (and the driver script's) of the same choice
-    c = _Started()
-    try:
-        ray_executor.connect(c.address)
-        yield c
-    finally:
-        ray.shutdown()
-        c.stop()
-        if saved is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-        else:
-            os.environ["RAY_AUTH_MODE"] = saved
-
-
-def _run_dir(root: pathlib.Path) -> pathlib.Path:
-    """A notebook's run directory under the output root ``root`` (its config.json: units find their run by it)."""
-    run_dir = root / "nb" / "stamp"
-    run_dir.mkdir(parents=True)
-    (run_dir / runs.CONFIG_FILE).write_text("{}\n")
-    return run_dir
-
-
-def _pipeline(root: pathlib.Path, run_dir: pathlib.Path, executor: str) -> tuple[dict, dict, list]:
-    """Two stages, as a notebook's: starts (cache entries under the output root's .cache, an artefact each), then
-    units reading them; returns both stages' results and the records."""
-    starts = [experiment.Job(f"start/{n}", "jobfns:build_entry", {"n": n, "cache_root": str(root / ".cache"),
-                                                                  "out_dir": str(run_dir / "made" / str(n))})
-              for n in (1, 2)]
-    first = experiment.run_jobs(starts, run_dir / "starts", executor=executor, progress=lambda *_: None)
-    jobs = [experiment.Job(f"unit/seed={s}", "jobfns:seeded_numbers", {
-        "seed": s, "start": first[f"start/{1 + s % 2}"]["model_dir"], "steps": 4, "step_s": 0.25}) for s in range(4)]
-    second = experiment.run_jobs(jobs, run_dir, executor=executor, progress=lambda *_: None)
-    return first, second, runs.read_metrics(run_dir / runs.METRICS_FILE)
-
-
-def _same(results: dict) -> dict:
-    return {k: {f: v for f, v in r.items() if f not in NOT_TIMING} for k, r in results.items()}
-
-
-def _count_jobs(tmp_path, fail=()):
-    log = str(tmp_path / "calls.log")
-    return [experiment.Job(f"job/n={n}", "jobfns:count_and_write", {"n": n, "log": log, "fail": n in fail})
-            for n in (1, 2, 3)]
-
-
-def _calls(tmp_path):
-    log = tmp_path / "calls.log"
-    return sorted(int(x) for x in log.read_text().split()) if log.exists() else []
-
-
-# ---- the local cluster that `--executor ray` starts: loopback only -----------------------------------------------
-
-LOCAL_DRIVER = """
-import json, sys
-sys.path[:0] = [sys.argv[2], sys.argv[3]]
-from klear_lib import experiment
-jobs = [experiment.Job("job/n=2", "jobfns:count_and_write", {"n": 2, "log": sys.argv[4]})]
-results = experiment.run_jobs(jobs, sys.argv[1], executor="ray", progress=lambda *_: None)
-import ray
-from ray._private import ray_constants
-print(json.dumps({"gcs": ray.get_runtime_context().gcs_address, "node_ip": ray.util.get_node_ip_address(),
-                  "clusters_back_on": ray_constants.ENABLE_RAY_CLUSTER, "results": sorted(results)}), flush=True)
-sys.stdin.readline()  # the test lists the sockets now; the cluster ends with this process
-"""
-
-
 def _start_time(pid: int) -> str | None:
     try:
         return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
@@ -277,6 +150,153 @@ def _describe(pid: int) -> str:
     return f"{comm} (pid {pid}{', ' + script if script else ''})"
 
 
+def beyond_loopback(pids) -> tuple[list[str], dict[int, list], dict[int, str]]:
+    """Each listening socket of ``pids`` on an address other than loopback, as ``<process>: <proto> <address> port
+    <port>``; and every socket, and each process's name."""
+    sockets = {pid: listening(pid) for pid in pids}
+    names = {pid: _describe(pid) for pid in pids}
+    return ([f"{names[pid]}: {proto} {addr} port {port}" for pid, rows in sockets.items()
+             for proto, addr, port in rows if not _is_loopback(addr)], sockets, names)
+
+
+# `ray start`, but a loopback --node-ip-address and --address stay loopback (Ray would rewrite them to this machine's
+# routable address, services.resolve_ip_for_localhost, and its servers would then listen on every interface)
+RAY_START = ("import sys; from ray._private import services; services.resolve_ip_for_localhost = lambda host: host; "
+             "from ray.scripts.scripts import main; sys.argv[0] = 'ray'; sys.exit(main())")
+
+
+class Cluster:
+    """Two Ray nodes on this machine, started with ``ray start``; every process they start is marked, so that the
+    test ends exactly those (never ``ray stop``, which would end every cluster of the machine)."""
+
+    def __init__(self):
+        self.mark = uuid.uuid4().hex
+        self.base = pathlib.Path(tempfile.mkdtemp(prefix="kray-"))  # short: Ray's socket paths must fit 107 bytes
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.start("head")
+        self.start("w")
+
+    def scratch(self, node: str) -> pathlib.Path:
+        return self.base / f"scratch-{node}"
+
+    def start(self, node: str) -> None:
+        env = {**os.environ, MARK: self.mark, "KLEAR_TEST_NODE": node, "RAY_USAGE_STATS_ENABLED": "0",
+               "RAY_AUTH_MODE": "disabled",  # whatever ~/.ray/auth_token this machine's other users made
+               "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)]),
+               ray_executor.SCRATCH_ENV: str(self.scratch(node))}
+        ports = ["--dashboard-agent-listen-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
+                 "--runtime-env-agent-port", str(_free_port())]
+        where = (["--head", "--port", str(self.port), "--ray-client-server-port", str(_free_port()),
+                  "--include-dashboard", "false", "--dashboard-port", str(_free_port())] if node == "head"
+                 else ["--address", self.address])
+        cmd = [sys.executable, "-c", RAY_START, "start", *where, "--num-cpus", "1",
+               "--object-store-memory", str(80 * 2**20), "--temp-dir", str(self.base / node),
+               "--resources", json.dumps({f"node_{node}": 1}), "--node-ip-address", "127.0.0.1",
+               "--disable-usage-stats", *ports]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0, f"ray start {node} failed: {out.stderr[-2000:]}"
+
+    def kill_node(self, node: str) -> None:
+        _kill(marked(MARK, self.mark, node))
+
+    def stop(self) -> None:
+        pids = marked(MARK, self.mark)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        while marked(MARK, self.mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        _kill(marked(MARK, self.mark))
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+class _Started(Cluster):
+    def __init__(self):  # a node that fails to start ends the ones already started
+        try:
+            super().__init__()
+        except BaseException:
+            self.stop()
+            raise
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # the driver's side (and the driver script's) of the same choice
+    c = _Started()
+    try:
+        ray_executor.connect(c.address)
+        pids = set().union(*(_tree(pid) for pid in marked(MARK, c.mark))) | {os.getpid()}
+        open_, sockets, _ = beyond_loopback(pids)
+        assert open_ == [] and any(sockets.values()), "the test's cluster listens beyond loopback:\n" + \
+            "\n".join(open_)
+        print(f"the test's cluster: {sum(map(len, sockets.values()))} sockets in {len(pids)} processes, on loopback")
+        yield c
+    finally:
+        ray.shutdown()
+        c.stop()
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
+
+
+def _run_dir(root: pathlib.Path) -> pathlib.Path:
+    """A notebook's run directory under the output root ``root`` (its config.json: units find their run by it)."""
+    run_dir = root / "nb" / "stamp"
+    run_dir.mkdir(parents=True)
+    (run_dir / runs.CONFIG_FILE).write_text("{}\n")
+    return run_dir
+
+
+def _pipeline(root: pathlib.Path, run_dir: pathlib.Path, executor: str) -> tuple[dict, dict, list]:
+    """Two stages, as a notebook's: starts (cache entries under the output root's .cache, an artefact each), then
+    units reading them; returns both stages' results and the records."""
+    starts = [experiment.Job(f"start/{n}", "jobfns:build_entry", {"n": n, "cache_root": str(root / ".cache"),
+                                                                  "out_dir": str(run_dir / "made" / str(n))})
+              for n in (1, 2)]
+    first = experiment.run_jobs(starts, run_dir / "starts", executor=executor, progress=lambda *_: None)
+    jobs = [experiment.Job(f"unit/seed={s}", "jobfns:seeded_numbers", {
+        "seed": s, "start": first[f"start/{1 + s % 2}"]["model_dir"], "steps": 4, "step_s": 0.25}) for s in range(4)]
+    second = experiment.run_jobs(jobs, run_dir, executor=executor, progress=lambda *_: None)
+    return first, second, runs.read_metrics(run_dir / runs.METRICS_FILE)
+
+
+def _same(results: dict) -> dict:
+    return {k: {f: v for f, v in r.items() if f not in NOT_TIMING} for k, r in results.items()}
+
+
+def _count_jobs(tmp_path, fail=()):
+    log = str(tmp_path / "calls.log")
+    return [experiment.Job(f"job/n={n}", "jobfns:count_and_write", {"n": n, "log": log, "fail": n in fail})
+            for n in (1, 2, 3)]
+
+
+def _calls(tmp_path):
+    log = tmp_path / "calls.log"
+    return sorted(int(x) for x in log.read_text().split()) if log.exists() else []
+
+
+# ---- the local cluster that `--executor ray` starts: loopback only -----------------------------------------------
+
+LOCAL_DRIVER = """
+import json, sys
+sys.path[:0] = [sys.argv[2], sys.argv[3]]
+from klear_lib import experiment
+jobs = [experiment.Job("job/n=2", "jobfns:count_and_write", {"n": 2, "log": sys.argv[4]})]
+results = experiment.run_jobs(jobs, sys.argv[1], executor="ray", progress=lambda *_: None)
+import ray
+from ray._private import ray_constants
+print(json.dumps({"gcs": ray.get_runtime_context().gcs_address, "node_ip": ray.util.get_node_ip_address(),
+                  "clusters_back_on": ray_constants.ENABLE_RAY_CLUSTER, "results": sorted(results)}), flush=True)
+sys.stdin.readline()  # the test lists the sockets now; the cluster ends with this process
+"""
+
+
 def test_the_local_cluster_that_executor_ray_starts_listens_on_loopback_only(tmp_path):
     """A driver runs a unit with ``executor="ray"`` and ``KLEAR_RAY_ADDRESS=local`` (``connect`` ->
     ``start_local``, the path ``auto`` takes when no cluster runs): every TCP socket listening and every UDP socket
@@ -302,10 +322,7 @@ def test_the_local_cluster_that_executor_ray_starts_listens_on_loopback_only(tmp
         facts = json.loads(line)
         pids = _tree(proc.pid) | set(marked(MARK, mark))
         seen = {pid: _start_time(pid) for pid in pids}
-        sockets = {pid: listening(pid) for pid in pids}
-        names = {pid: _describe(pid) for pid in pids}
-        open_ = [f"{names[pid]}: {proto} {addr} port {port}" for pid, rows in sockets.items()
-                 for proto, addr, port in rows if not _is_loopback(addr)]
+        open_, sockets, names = beyond_loopback(pids)
         assert open_ == [], "listening beyond loopback:\n" + "\n".join(open_)
         # not a vacuous pass: the cluster's servers are there, listening (on loopback)
         by_name = {}
@@ -415,30 +432,42 @@ DRIVER = """
 import sys
 sys.path.insert(0, sys.argv[3])
 from klear_lib import experiment, ray_executor
-jobs = [experiment.Job(f"u/{n}", "jobfns:slow_unit", {"n": n, "steps": 30, "step_s": 0.5, "pad": 0, "children": True})
-        for n in range(2)]
+jobs = [experiment.Job("done/n=2", "jobfns:count_and_write", {"n": 2, "log": sys.argv[4]})]
+jobs += [experiment.Job(f"u/{n}", "jobfns:slow_unit", {"n": n, "steps": 60, "step_s": 0.5, "pad": 0, "children": True})
+         for n in range(2)]
 ray_executor.connect(sys.argv[2])
 experiment.run_jobs(jobs, sys.argv[1], executor="ray", progress=lambda *_: None)
 """
 
 
-def test_sigkill_of_the_driver_ends_its_units_on_every_node_and_records_nothing_more(cluster, tmp_path):
-    """The driver (here a script; under `klear run`, the kernel) is killed while both units run, one per node, each
-    with two child processes (one in a session of its own): Ray ends the run's workers, the units' processes follow;
-    no unit is marked done after the kill; the resume (on the local pool) records every unit once."""
+def test_sigkill_of_the_driver_ends_its_units_on_every_node_and_the_resume_keeps_every_finished_unit(cluster,
+                                                                                                     tmp_path):
+    """The driver (here a script; under `klear run`, the kernel) is killed after one unit finished and while the
+    two others run, one per node, each with two child processes (one in a session of its own): Ray ends the run's
+    workers, the units' processes follow; no unit is marked done after the kill, the finished one keeps its mark
+    and records. The resume (run_jobs on the same run directory: what `klear run --resume` does in the kernel, by
+    default on the local pool) runs only the two, never the finished one again (its call count, its result read
+    from its mark, the same bytes), and records every unit once."""
     mark = uuid.uuid4().hex
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(script), str(run_dir), cluster.address, str(TESTS)],
+    calls = tmp_path / "calls.log"
+    proc = subprocess.Popen([sys.executable, str(script), str(run_dir), cluster.address, str(TESTS), str(calls)],
                             env={**os.environ, UNIT_MARK: mark}, stderr=subprocess.PIPE, text=True)
+    finished = run_dir / "units" / "done_n=2.json"
     records = [run_dir / "units" / f"u_{n}.jsonl" for n in range(2)]
+
+    def ready():  # the first unit done, both others running: their records arrived
+        return finished.exists() and all(r.exists() and r.stat().st_size > 0 for r in records)
+
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if all(r.exists() and r.stat().st_size > 0 for r in records):  # both units run: their records arrived
-            break
+    while time.monotonic() < deadline and proc.poll() is None and not ready():
         time.sleep(0.05)
-    assert all(r.exists() and r.stat().st_size > 0 for r in records), proc.stderr.read()[-2000:] if proc.poll() else ""
+    assert ready(), proc.stderr.read()[-2000:] if proc.poll() is not None else "not ready after 120 s"
+    done_before = sorted(p.name for p in (run_dir / "units").glob("*.json"))
+    mark_before = finished.read_bytes()
+    assert done_before == ["done_n=2.json"], done_before  # the two slow units still run (30 s each)
     before = [pid for pid in marked(UNIT_MARK, mark) if pid != proc.pid]
     assert len(before) == 4, before  # each unit's two children (a unit's own process shows the mark only to them)
     proc.kill()
@@ -452,13 +481,23 @@ def test_sigkill_of_the_driver_ends_its_units_on_every_node_and_records_nothing_
     gone_s = time.monotonic() - killed
     _kill(left)
     late = sorted(p.name for p in (run_dir / "units").glob("*.json"))
-    assert (left, late) == ([], []), f"{len(left)} unit processes left 15 s after the kill: {left}; done: {late}"
+    assert (left, late) == ([], done_before), f"{len(left)} unit processes left 15 s after the kill: {left}; " \
+                                              f"done: {late}"
+    assert finished.read_bytes() == mark_before and calls.read_text() == "2\n"
     print(f"driver SIGKILL: every unit process gone {gone_s:.1f}s after the kill")
-    jobs = [experiment.Job(f"u/{n}", "jobfns:slow_unit", {"n": n, "steps": 3, "step_s": 0.0, "pad": 0,
-                                                          "children": False}) for n in range(2)]
-    experiment.run_jobs(jobs, run_dir, workers=2, progress=lambda *_: None)
+    jobs = [experiment.Job("done/n=2", "jobfns:count_and_write", {"n": 2, "log": str(calls)})]
+    jobs += [experiment.Job(f"u/{n}", "jobfns:slow_unit", {"n": n, "steps": 3, "step_s": 0.0, "pad": 0,
+                                                           "children": False}) for n in range(2)]
+    lines = []
+    results = experiment.run_jobs(jobs, run_dir, workers=2, progress=lines.append)
+    assert lines[0] == "resuming: 1 of 3 units already done, 2 to run", lines
+    assert calls.read_text() == "2\n"  # the finished unit did not run again
+    assert finished.read_bytes() == mark_before  # nor was its mark rewritten
+    assert results["done/n=2"] == json.loads(mark_before) and results["done/n=2"]["n"] == 2, results
+    assert sorted(p.name for p in (run_dir / "units").glob("*.json")) == ["done_n=2.json", "u_0.json", "u_1.json"]
     records = runs.read_metrics(run_dir / "metrics.jsonl")
-    assert sorted((r["n"], r["i"]) for r in records) == [(n, i) for n in range(2) for i in range(3)]
+    assert sorted((r["n"], r["i"]) for r in records) == [(n, i) for n in range(2) for i in range(3)] + [(2, 0),
+                                                                                                         (2, 1)]
 
 
 def test_the_death_of_the_runs_owner_cancels_its_units_on_every_node_within_seconds(cluster, tmp_path, monkeypatch):
