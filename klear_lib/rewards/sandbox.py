@@ -11,16 +11,26 @@ behind costs only itself. `run_python(code, stdin=...)` is the one-test case.
 
 What the program sees, default deny (see `_bwrap_argv` and `sandbox_root`):
 
-    /                  an empty, read-only tmpfs holding only the interpreter binary, the directories of the
-                       libraries and stdlib it loads (read-only, site-packages hidden) and the loader's symlinks:
-                       no /home, /root, /etc, /run (no host sockets), repository or data
+    /                  an empty, read-only tmpfs holding only the interpreter binary, its stdlib (read-only;
+                       site-packages, test and config-* hidden), the libraries it maps, file by file, and the
+                       loader's symlinks: no /home, /root, /etc, /run (no host sockets), repository or data; all of
+                       it read into the page cache once per process before a first sample (`warm_page_cache`)
     /tmp               private, size-limited tmpfs; the working directory; holds main.py (read-only)
     /dev               minimal devices, read-only; /dev/shm a size-limited tmpfs (multiprocessing needs it)
     /proc              a new procfs showing only the sandbox's own PID namespace, the zygote's entry (/proc/1)
                        hidden under an empty read-only tmpfs: its counters grow with what tests print
     network            a new, empty network namespace (its loopback is not the host's)
     syscalls           a seccomp filter (`seccomp`): no namespaces, ptrace, mount, keyring, bpf, perf, modules,
-                       io_uring, vsock, ...: EPERM, in root and non-root mode alike
+                       io_uring, sockets but unix ones, ...: EPERM, in root and non-root mode alike; and a second
+                       one each test stacks before the program runs: no socket of any family, no page-cache
+                       query or eviction (mincore, cachestat, preadv2's flags, fadvise, madvise's PAGEOUT/COLD)
+
+Issue 45 (channels from test k to test k+1 and from one sample of a group to the next): no socket means none of
+the network namespace's counters moves (/proc/net/snmp, snmp6, netstat, dev, IPv6 flow labels) and no socket
+cookie (a counter of the whole kernel) is drawn; with every shown file resident and the residency calls refused,
+the page cache tells a sample nothing an earlier one did. The wall clock and the machine-wide counters every
+process moves remain: docs/sandbox_security.md has each claim with the test that proves it, and the residuals
+with their measured bandwidth.
 
 Limits. Per test: `timeout_s` seconds of CPU time, counted over all the test's processes (so a busy machine
 slows a test without failing it), and a wall-clock backstop of `wall_limit_s(timeout_s)` for a test that waits;

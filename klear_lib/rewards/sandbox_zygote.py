@@ -41,11 +41,13 @@ depend on its own forks only. If any of that fails, no further test runs: each r
 be reset. Each test's process reads its own test from its section of the job (this process never reads one), so no
 test holds another's input.
 
-What a test can still pass to the next: timing (its own duration, through every clock), counters the kernel
-keeps for the whole machine rather than per namespace or filesystem (the inode numbers of pipes and sockets,
-socket cookies, the ephemeral-port offsets of TCP connections). Not this process's memory, where every test's
-output passes: tests are forked by a process that never sees one (`_Forker`); nor this process's counters
-(page faults, resident size, context switches grow with every output it reads): the host hides /proc/1.
+What a test can still pass to the next: timing (its own duration, through every clock: about 5 bits a test),
+counters the kernel keeps for the whole machine rather than per namespace or filesystem (the inode numbers of
+pipes and pidfds, /proc/stat's fork count; no more sockets: each test's process stacks the program's seccomp
+filter, `_ProgramFilter`, which refuses every socket call; docs/sandbox_security.md). Not this process's
+memory, where every test's output passes: tests are forked by a process that never sees one (`_Forker`); nor this
+process's counters (page faults, resident size, context switches grow with every output it reads): the host
+hides /proc/1.
 
 Pid 1 of a namespace gets no signal from inside it that it has no handler for, so a test cannot kill this
 process; as root the tests run under another uid, and otherwise this process makes itself non-dumpable, so
