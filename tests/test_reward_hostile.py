@@ -68,12 +68,13 @@ def problems(chain_hex: str) -> dict[str, list[dict]]:
         "bigcall": [{"fn_name": "f", "args": [i], "expected": secrets.randbits(17_000)} for i in range(N_TESTS)],
         "chain": [{"input": f"{i}\n", "output": f"{chain_hex}{i}"} for i in range(N_TESTS)],
         "search": [{"input": f"{i}\n", "output": f"{SEARCH_X} {i}"} for i in range(N_TESTS)],
+        "search2": [{"input": f"{i}\n", "output": f"{SEARCH_X} {i}"} for i in range(2)],  # issue 45's: cheaper
         "relay": [{"input": f"{relay[i]}\n", "output": relay[i + 1]} for i in range(N_TESTS)],
     }
 
 
 HONEST_WRONG = {"stdio": "print(0)", "call": "def f(i):\n    return 0", "bigcall": "def f(i):\n    return i",
-                "chain": "print(0)", "search": "print(0)", "relay": "print(0)"}
+                "chain": "print(0)", "search": "print(0)", "search2": "print(0)", "relay": "print(0)"}
 
 
 # Finds the old harness's per-test nonce in its frames (a local of the function that called ours), so that a
@@ -447,6 +448,7 @@ NET_CHANNELS = {
         count="[int(l.split(':')[1].split()[9]) for l in open('/proc/net/dev') if l.strip().startswith('lo:')][0]"),
 }
 COUNTER_CHANNELS.update({name: NET_COUNTER.format(**kw) for name, kw in NET_CHANNELS.items()})
+ISSUE_45 = {*NET_CHANNELS, "ipv6_flow_label", "socket_cookie", "page_cache"}  # two tests a sample: test 0 -> 1
 COUNTER_CHANNELS.update({
     # IPv6 flow labels: a label taken with IPV6_FLOWLABEL_MGR lingers in the namespace's table for seconds after
     # its socket closes, listed in /proc/net/ip6_flowlabel (20 bits a label; the review sent 768 bits a test)
@@ -596,7 +598,7 @@ print('honest', input())
     state = [Probe(f"state_{name}", "state", "chain",
                    CHAIN_PROGRAM.format(n=CHAIN_N, seed=seed.hex(), channel=textwrap.dedent(code)),
                    {"timeout_s": STATE_TIMEOUT_S}) for name, code in CHANNELS.items()]
-    counter = [Probe(f"counter_{name}", "counter", "search",
+    counter = [Probe(f"counter_{name}", "counter", "search2" if name in ISSUE_45 else "search",
                      SEARCH_PROGRAM.format(seed=seed.hex(), target=search_target(seed, SEARCH_X), size=SEARCH_SIZE,
                                            channel=textwrap.dedent(code)),
                      {"timeout_s": STATE_TIMEOUT_S}) for name, code in COUNTER_CHANNELS.items()]
@@ -1060,14 +1062,14 @@ def test_no_channel_carries_from_one_sample_to_the_next_through_the_units_pool(m
     # kernel's socket-cookie counter); sample 2, judged after it on the same pool, resumes from it. Before (the
     # review): full marks for sample 2 in every mode, hard included. Two tests a sample keep it cheap.
     reward = unit_reward(signed_pool, mode, timeout_s=STATE_TIMEOUT_S)
-    tests = PROBLEMS["search"][:2]
+    tests = PROBLEMS["search2"]
     for name in CROSS_SAMPLE:
         program = next(p.program for p in PROBES if p.name == f"counter_{name}")
         for k in (1, 2):  # distinct texts: MemoPool judges each distinct item once
             [score] = reward([respond(program + f"\n# sample {k} of the group\n")], tests=[tests])
             res = reward.last_results[0]
             assert res.passed == 0 and res.reason not in ("error", "judge_error", "worker_died"), (name, k, res)
-            assert score <= honest_wrong["search", mode], (name, k, res)
+            assert score <= honest_wrong["search2", mode], (name, k, res)
 
 
 PAGE_BITS = 12
