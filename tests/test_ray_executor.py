@@ -1,11 +1,13 @@
-"""Units of work on a Ray cluster (klear_lib.ray_executor): a real two-node cluster on this machine (`ray start
---head` and `ray start --address`, one CPU each, each with its own temp dir, scratch folder and resources; loopback
-only). The same units give the same records and results as the local pool, with or without a shared disk (a cache
-entry made on a node reaches the driver and the node of a later unit, checked against its manifest); a run started
-on Ray resumes on the local pool and the other way round, redoing no finished unit; SIGKILL of the driver, or the
-death of the run's owner (`klear run`), ends the units on every node and records nothing more; a node killed mid-unit
-makes that unit fail with one line and run again, every record once. About 100 s on 2 cores (the cluster's start
-and each node's forkserver are most of it)."""
+"""Units of work on a Ray cluster (klear_lib.ray_executor). The local cluster that `--executor ray` starts where none
+runs listens on loopback only (every listening socket of its processes, through /proc). Then a real two-node cluster
+on this machine (`ray start --head` and `ray start --address`, one CPU each, each with its own temp dir, scratch
+folder and resources; loopback only, checked the same way). The same units give the same records and results as the
+local pool, with or without a shared disk (a cache entry made on a node reaches the driver and the node of a later
+unit, checked against its manifest); a run started on Ray resumes on the local pool and the other way round, redoing
+no finished unit; SIGKILL of the driver, or the death of the run's owner (`klear run`), ends the units on every node
+and records nothing more, and the resume keeps every unit finished before the kill; a node killed mid-unit makes
+that unit fail with one line and run again, every record once. About 200 s on 2 cores at load 6 (the loopback check
+about 35 s of it; the clusters' start and each node's forkserver are most of it)."""
 
 import json
 import os
