@@ -15,7 +15,7 @@ import types
 import typing
 from dataclasses import dataclass, fields
 
-from klear_lib.data.tasks import DEFAULT_FORK_FACTS, LEVELS, parse_fork_facts
+from klear_lib.data.tasks import DEFAULT_FORK_FACTS, FORMAT_RULES, LEVELS, parse_fork_facts
 from klear_lib.losses import PolicyLossConfig
 from klear_lib.recipe import KlearLossConfig
 
@@ -267,9 +267,20 @@ class RLExperimentConfig(TaskModelConfig):
     sampling at 0.6 does not hide what RL has to build (it did with i.i.d. teacher noise alone)."""
     eval_top_p: float = 0.95
     """Evaluation top-p (paper 0.95)."""
+    # -- the judge's format (training and evaluation alike) --------------------------------------------------------
+    format_rule: str = "released"
+    """How the judge treats Klear's ``<think>...</think>`` format, in the training reward and the held-out evaluation
+    alike (``klear_lib.data.tasks.FORMAT_RULES``): ``released`` (Klear's released code: without ``</think>`` −0.5,
+    without ``<think>`` −2.0; the answer read after ``</think>``), ``paper`` (a format failure is a wrong answer) or
+    ``none`` (no format check: the answer is read from the whole response, for a model without a think format such
+    as an instruct model before a format SFT). The tiny task's exact-match reward has no penalties: under
+    ``released`` and ``paper`` it scores 0 without ``</think>``, under ``none`` it reads the last boxed answer."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.format_rule not in FORMAT_RULES:
+            raise ValueError(f"RLExperimentConfig.format_rule must be one of {list(FORMAT_RULES)}, got "
+                             f"{self.format_rule!r}")
         _check_ranges(self, positive=("sft_lr", "rl_lr", "sft_epochs", "sft_batch_size", "rollouts", "rollout_prompts",
                                       "mini_batch_prompts", "max_completion_length", "eval_every", "eval_n",
                                       "temperature", "n_train", "n_heldout"),

@@ -143,19 +143,31 @@ def save_model_and_tokenizer(model, tokenizer, path: str | Path) -> Path:
     return path
 
 
-def load_model_and_tokenizer(name_or_path: str | Path, *, dtype: torch.dtype | str = torch.float32, **kwargs):
-    """Load a causal LM and its tokenizer from a local folder or a hub name, through the ``Auto*`` classes.
+def load_model_and_tokenizer(name_or_path: str | Path, *, dtype: torch.dtype | str = torch.float32, progress=print,
+                             **kwargs):
+    """Load a causal LM and its tokenizer: a local folder, a hub name, a ``.gguf`` file or a packaged real model
+    (``klear_lib.real_models.resolve``: a GGUF is dequantized once into the model cache), through the ``Auto*``
+    classes.
 
     ``dtype``: float32 by default, whatever the checkpoint holds (fp32 master weights for training; see the module
     docstring); ``"auto"`` keeps the checkpoint's dtype (inference). A hub name needs network access (never used by
-    tests or the tiny preset). The tokenizer is set to pad on the left, as generation needs.
+    tests or the tiny preset). EOS and padding come from the chat template and the model's config, never from a
+    tokenizer's guess (``real_models.align_special_tokens``); the tokenizer pads on the left, as generation needs.
+    The model's ``klear_source`` attribute says where it came from (name, kind, sha256).
     """
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
-    _set_generation_ids(model, tokenizer)
+    from klear_lib import real_models
+
+    source = real_models.resolve(name_or_path, progress=progress)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.load_from)
+        model = AutoModelForCausalLM.from_pretrained(source.load_from, dtype=dtype, **kwargs)
+    except (OSError, ValueError) as err:
+        if source.kind == "hub":
+            raise
+        raise real_models.ModelLoadError(f"{source.load_from}: could not be loaded as a causal LM with its tokenizer "
+                                         f"({type(err).__name__}: {err})") from err
+    real_models.align_special_tokens(model, tokenizer)
+    model.klear_source = source.record()
     return model, tokenizer
 
 

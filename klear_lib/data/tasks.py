@@ -297,26 +297,36 @@ def prompt_messages(problem: Problem) -> list[dict]:
 
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+FORMAT_RULES = ("released", "paper", "none")
+"""How a judge treats the ``<think>`` format (``klear_lib.rewards.math`` has the penalties; ``RLExperimentConfig``'s
+``format_rule``): ``none`` reads the answer from the whole response, the others after the last ``</think>``."""
 
 
-def extract_answer(completion: str) -> str | None:
-    """The content of the last ``\\boxed{}`` after the last ``</think>``; None if either is missing."""
-    if "</think>" not in completion:
+def extract_answer(completion: str, format_rule: str = "released") -> str | None:
+    """The content of the last ``\\boxed{}`` after the last ``</think>`` (None if either is missing); under
+    ``format_rule="none"`` the last ``\\boxed{}`` anywhere."""
+    if format_rule not in FORMAT_RULES:
+        raise ValueError(f"format_rule={format_rule!r}; valid: {', '.join(FORMAT_RULES)}")
+    if format_rule == "none":
+        tail = completion
+    elif "</think>" not in completion:
         return None
-    tail = completion.rsplit("</think>", 1)[1]
+    else:
+        tail = completion.rsplit("</think>", 1)[1]
     found = _BOXED.findall(tail)
     return found[-1].strip() if found else None
 
 
-def exact_answer_reward(completion: str, answer: int | str) -> tuple[float, str]:
-    """1.0 if the boxed answer after ``</think>`` equals the gold answer, else 0.0; with a reason.
+def exact_answer_reward(completion: str, answer: int | str, format_rule: str = "released") -> tuple[float, str]:
+    """1.0 if the boxed answer after ``</think>`` equals the gold answer, else 0.0; with a reason. Under
+    ``format_rule="none"`` the last boxed answer anywhere is read (a model without a think format).
 
     Reasons: ``correct``, ``wrong``, ``no_think_close``, ``no_answer``. The math-verify judge with Klear's
     format penalties lives in ``klear_lib.rewards.math``; this exact-match reward is enough for integers.
     """
-    if "</think>" not in completion:
+    if format_rule != "none" and "</think>" not in completion:
         return 0.0, "no_think_close"
-    got = extract_answer(completion)
+    got = extract_answer(completion, format_rule)
     if got is None:
         return 0.0, "no_answer"
     return (1.0, "correct") if got == str(answer) else (0.0, "wrong")

@@ -32,12 +32,15 @@ def evaluate_heldout(
     max_new_tokens: int = 64,
     batch_size: int = 128,
     fork_facts: tuple[ForkFact, ...] = (),
+    format_rule: str = "released",
 ) -> dict:
     """Returns ``{"avg_at_n": float, "format_rate": float, "by_level": {level: avg@n}, "n": n}``, and with
     ``fork_facts`` also ``avg_at_n_fork`` / ``avg_at_n_rest``: avg@n over the problems whose correct chain uses a
     fork fact and over the others (NaN where a part is empty).
 
-    ``format_rate`` is the fraction of samples with a ``</think>`` and a boxed answer after it.
+    ``format_rate`` is the fraction of samples with a ``</think>`` and a boxed answer after it (under
+    ``format_rule="none"``, the judge of a model without a think format: with a boxed answer anywhere, which is then
+    the answer judged; ``tasks.exact_answer_reward``).
     """
     completions = generate(
         model,
@@ -51,7 +54,7 @@ def evaluate_heldout(
     )
     per_problem, formatted, by_level, by_fork = [], 0, defaultdict(list), defaultdict(list)
     for p, samples in zip(problems, completions):
-        scores = [exact_answer_reward(c, p.answer) for c in samples]
+        scores = [exact_answer_reward(c, p.answer, format_rule) for c in samples]
         acc = sum(s for s, _ in scores) / n
         formatted += sum(r in ("correct", "wrong") for _, r in scores)
         per_problem.append(acc)

@@ -91,8 +91,9 @@ def _is_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def _klear_rows(launch: LaunchConfig):
-    """Dataset rows, reward functions and the pool to close, from Klear's RL records."""
+def _klear_rows(launch: LaunchConfig, format_rule: str = "released"):
+    """Dataset rows, reward functions and the pool to close, from Klear's RL records; math judged under
+    ``format_rule`` (the run config's)."""
     from klear_lib.data.hub import load_klear_rl
     from klear_lib.rewards.pool import RewardPool
     from klear_lib.rewards.pool_wrappers import make_trl_reward_func
@@ -105,7 +106,9 @@ def _klear_rows(launch: LaunchConfig):
 
         rows = [{"prompt": r.prompt, "gold": r.ground_truth} for r in records]
         pool = RewardPool(score_math, workers=launch.reward_workers, timeout_s=10.0, group_key="gold")
-        reward = make_trl_reward_func(pool, {"gold": "gold"}, "math", completion_prefix=launch.completion_prefix)
+        reward = make_trl_reward_func(pool, {"gold": "gold"}, "math", completion_prefix=launch.completion_prefix,
+                                      score_kwargs={"format_rule": format_rule})
+        reward.format_rule = format_rule  # read by KlearGRPOTrainer's message when no step is made
     else:
         rows = [{"prompt": r.prompt, "tests": r.ground_truth} for r in records]
         reward, pool = code_reward(launch)
@@ -168,7 +171,7 @@ def launch(cfg: RLExperimentConfig, launch_cfg: LaunchConfig, out: str | os.Path
     if launch_cfg.data == "tiny":
         train, heldout = tasks.make_splits(cfg.data_seed, cfg.n_train, cfg.n_heldout, cfg.level_list)
     else:
-        rows, reward_funcs, pool = _klear_rows(launch_cfg)
+        rows, reward_funcs, pool = _klear_rows(launch_cfg, cfg.format_rule)
         evaluate = lambda m: {"avg_at_n": math.nan, "n": 0}  # noqa: E731  (benchmarks: notebook 07, with vLLM)
     metrics_path = out / runs.METRICS_FILE
     writer = runs.MetricsWriter(metrics_path) if main else _NullWriter()

@@ -42,6 +42,7 @@ generates the rollout it was in again).
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -186,6 +187,7 @@ class KlearGRPOTrainer(GRPOTrainer):
         self._sampler_rng = random.Random(f"klear-prompts:{self.args.seed}")
         self._order: list[int] = []
         self._groups = [0, 0]  # groups generated, kept: since train() was called
+        self._judged: collections.Counter = collections.Counter()  # the judges' reasons for every response seen
         self._best_reward = -math.inf
         self._steps_made = 0
         self._check_reward_range()
@@ -223,7 +225,28 @@ class KlearGRPOTrainer(GRPOTrainer):
         else:
             why = ("; it keeps a group only when its rewards vary. Fix: a reward that separates the responses, more "
                    "num_generations, a larger oversample_factor or max_gen_batches, or filter_groups=False")
-        return head + why
+        return head + why + self._judge_message()
+
+    def _judge_message(self) -> str:
+        """The judges' reasons for the responses seen, and, when most failed Klear's think format, the format rule
+        and whether the model's chat template writes one (``format_rule``: the run config's key)."""
+        reasons = {k: v for k, v in self._judged.items() if k is not None}
+        total = sum(reasons.values())
+        if not total:
+            return ""
+        counts = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+        out = f". The judge's reasons for the {total} responses it saw: {counts}"
+        unformatted = reasons.get("no_think_close", 0) + reasons.get("no_think_open", 0)
+        if unformatted * 2 > total:
+            rules = sorted({str(getattr(fn, "format_rule", None) or getattr(fn, "keywords", {}).get("format_rule")
+                                or "released") for fn in self.reward_funcs})
+            template = getattr(self.processing_class, "chat_template", None) or ""
+            has_think = "<think>" in template or "</think>" in template
+            out += (f"; {unformatted} of {total} have no <think>...</think> format, and the format rule is "
+                    f"{' / '.join(repr(r) for r in rules)}; this model's chat template "
+                    f"{'writes' if has_think else 'has no'} think format. Fix: set format_rule: none (the answer is "
+                    f"read from the whole response) or run a format SFT first")
+        return out
 
     def _check_steps_made(self, planned: int) -> None:
         """After a run: raise when it made no optimizer step, warn when it made fewer than planned."""
@@ -290,6 +313,8 @@ class KlearGRPOTrainer(GRPOTrainer):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._check_data_errors()
         self._last_rewards = rewards_per_func  # (N_all, n_funcs), gathered over processes
+        for fn in self.reward_funcs:  # the judges' reasons, for the message of a run that made no step
+            self._judged.update(getattr(r, "reason", None) for r in getattr(fn, "last_results", None) or [])
         return rewards_per_func
 
     def _check_data_errors(self) -> None:

@@ -9,6 +9,7 @@ import contextlib
 import os
 import tempfile
 import time
+import typing
 from functools import partial
 
 from datasets import Dataset
@@ -90,13 +91,33 @@ class RolloutRecorder:
         trainer.control.should_log = should_log
 
 
-def correctness_reward(completions, answer, **kwargs) -> list[float]:
-    """TRL reward function: 1.0 for the right boxed answer after ``</think>``, else 0.0 (tiny task)."""
+def correctness_reward(completions, answer, format_rule: str = "released", **kwargs) -> list[float]:
+    """TRL reward function: 1.0 for the right boxed answer after ``</think>`` (anywhere under ``format_rule="none"``),
+    else 0.0 (tiny task). The reasons of the last batch are kept in ``correctness_reward.last_results``."""
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [exact_answer_reward(t, a)[0] for t, a in zip(texts, answer)]
+    judged = [exact_answer_reward(t, a, format_rule) for t, a in zip(texts, answer)]
+    correctness_reward.last_results = [_Judged(score, reason) for score, reason in judged]
+    return [score for score, _ in judged]
+
+
+class _Judged(typing.NamedTuple):
+    score: float
+    reason: str
 
 
 correctness_reward.reward_range = (0.0, 1.0)  # KlearGRPOTrainer checks the Klear filter can be met before training
+correctness_reward.last_results = []
+
+
+def task_reward(format_rule: str):
+    """``correctness_reward`` judged under ``format_rule`` (the run config's), named as TRL logs it."""
+    if format_rule == "released":
+        return correctness_reward
+    fn = partial(correctness_reward, format_rule=format_rule)
+    fn.__name__ = "correctness_reward"
+    fn.reward_range = correctness_reward.reward_range
+    fn.format_rule = format_rule
+    return fn
 
 
 def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None, output_dir=None, progress=print,
@@ -130,6 +151,7 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
             top_p=cfg.eval_top_p,
             max_new_tokens=cfg.max_completion_length,
             fork_facts=facts,
+            format_rule=getattr(cfg, "format_rule", "released"),
         )
     if probe is None and facts:
         probe = partial(arithmetic_probes, tokenizer=tokenizer, facts=facts, problems=heldout)
@@ -189,7 +211,7 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
     tracking.enter_context(tracking_env(tracking_dir if report_to != "none" else None))
     trainer = KlearGRPOTrainer(
         model=model,
-        reward_funcs=reward_funcs or [correctness_reward],
+        reward_funcs=reward_funcs or [task_reward(getattr(cfg, "format_rule", "released"))],
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
