@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import signal
 import threading
 import time
 
@@ -36,10 +37,10 @@ def test_released_rule_reasons(response, gold, score, reason):
     assert isinstance(r, RewardResult) and r.reason in REASONS
 
 
-# Pathological inputs run in a worker process, as in training. SIGALRM cannot interrupt a long C-level routine
-# (a big-integer power, say): once in a while (seen once in ~10 full runs) score_math's own timeout only fires
-# after minutes, and in the test process that hangs the suite. The pool's hard per-item limit kills the worker
-# then; either way the item comes back as "timeout", which is the contract the trainer relies on.
+# Pathological inputs run in a worker process, as in training. No signal (the judge's SIGPROF budget) interrupts a
+# long C-level routine (a big-integer power, say): once in a while (seen once in ~10 full runs) score_math's own
+# timeout only fires after minutes, and in the test process that hangs the suite. The pool's hard per-item limit
+# kills the worker then; either way the item comes back as "timeout", which is the contract the trainer relies on.
 HARD_LIMIT_S = 4.0
 
 
@@ -55,6 +56,66 @@ def test_timeout_reason(judge_pool):
     r = judge_pool.score(response="<think>x</think> $\\boxed{9^{9^{9^{9}}}}$", gold="3", timeout_s=1.0)
     assert (r.score, r.reason) == (-1.0, "timeout")
     assert time.monotonic() - t0 < HARD_LIMIT_S + 1.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The budget is CPU time of the grading process: waiting costs nothing, computing does, and a timeout that lands
+# where Python swallows it (a finalizer, a broad except) comes again. In this process's main thread, as a worker.
+# ---------------------------------------------------------------------------------------------------------------
+def spin_cpu(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+class SpinsWhenCollected:
+    def __del__(self):
+        spin_cpu(3.0)  # SIGPROF's raise ends this, and Python swallows it at the finalizer's end
+
+
+def test_the_budget_is_cpu_time_not_wall_time(monkeypatch):
+    import klear_lib.rewards.math as judge
+
+    real_parse = judge.parse
+
+    def slow_machine_parse(*args, **kwargs):  # a loaded machine: wall time passes, this process gets no CPU
+        time.sleep(0.8)
+        return real_parse(*args, **kwargs)
+    monkeypatch.setattr(judge, "parse", slow_machine_parse)
+    t0 = time.monotonic()
+    assert score_math("<think>x</think> \\boxed{7}", "7", timeout_s=0.5).reason == "correct"
+    assert score_math("<think>x</think> $0.5$", "\\frac{1}{2}", timeout_s=0.5).reason == "correct"
+    assert time.monotonic() - t0 >= 2 * 0.8  # past the budget in wall time, answer parses alone
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the finalizer's lost raise
+@pytest.mark.parametrize("verify_does", ["computes", "swallows_once", "swallows_in_a_finalizer_then_answers"])
+def test_computing_past_the_budget_is_timeout_even_if_the_timeout_is_swallowed(monkeypatch, verify_does):
+    import klear_lib.rewards.math as judge
+
+    def busy_verify(gold, answer, **kwargs):
+        if verify_does == "computes":
+            spin_cpu(30.0)
+        elif verify_does == "swallows_once":
+            try:
+                spin_cpu(30.0)
+            except BaseException:  # noqa: BLE001 - the judge's library swallowing the timeout
+                pass
+            spin_cpu(30.0)  # the budget's next SIGPROF, REFIRE_S later, ends this
+        else:
+            SpinsWhenCollected()  # collected at once: its finalizer computes past the budget, the raise is lost
+        return True  # a verdict that came after the budget was spent: not trusted
+    monkeypatch.setattr(judge, "verify", busy_verify)
+    t0 = time.process_time()
+    r = score_math("<think>x</think> \\boxed{7}", "7", timeout_s=0.3)
+    cpu = time.process_time() - t0
+    assert (r.score, r.reason) == (-1.0, "timeout") and r.detail == "verifying the answer (more than 0.3 s of CPU time)"
+    spent = 0.3 + judge.REFIRE_S * (verify_does == "swallows_once")  # the finalizer's spin ends at the budget too
+    assert spent - 0.05 <= cpu < spent + 0.5, cpu
+    assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0) and signal.getsignal(signal.SIGPROF) in (
+        signal.SIG_DFL, None)  # disarmed and given back
+    monkeypatch.undo()
+    assert score_math("<think>x</think> \\boxed{8}", "7", timeout_s=0.3).reason == "wrong"  # the next judgement
 
 
 @pytest.mark.parametrize("response, reason", [
@@ -156,7 +217,7 @@ def test_every_gold_form_is_read(gold):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Robustness: every pathological answer returns within timeout_s + 1 s, with a reason
+# Robustness: every pathological answer returns in time (the judge's budget, else the pool's limit), with a reason
 # ---------------------------------------------------------------------------------------------------------------
 ROBUST_TIMEOUT_S = 1.0
 _N = 100_000
@@ -183,7 +244,7 @@ def test_pathological_answers_return_in_time(name, judge_pool):
     r = judge_pool.score(response=ANSWER + answer, gold=gold, timeout_s=ROBUST_TIMEOUT_S)
     elapsed = time.monotonic() - t0
     print(f"{name}: {r.reason} in {elapsed:.2f} s")
-    # score_math's own budget (timeout_s + 1 s) normally; the pool's hard limit when SIGALRM is stuck behind C code
+    # score_math's own budget (timeout_s of CPU) normally; the pool's hard limit when SIGPROF is stuck behind C code
     assert elapsed < HARD_LIMIT_S + 1.0, f"{name} took {elapsed:.2f} s"
     assert r.reason in allowed, r
     assert r.score == (1.0 if r.reason == "correct" else -1.0)

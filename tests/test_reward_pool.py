@@ -120,7 +120,9 @@ def test_timeout_is_a_score_and_the_worker_is_replaced():
         t0 = time.monotonic()
         before, hung, after = p.score_batch([{"kind": "pid"}, {"kind": "sleep", "value": 60}, {"kind": "pid"}])
         elapsed = time.monotonic() - t0
-    assert hung == RewardResult(-1.0, "timeout", detail="item ran past 1 s")
+    assert (hung.score, hung.reason) == (-1.0, "timeout")
+    assert hung.detail.startswith("item 1 ran past its limit of 1 s (wall time); its worker was killed; ended after")
+    assert 1.0 <= float(hung.detail.rpartition(" after ")[2].removesuffix(" s")) <= 2.0  # within twice the limit
     assert (before.reason, after.reason) == ("pid", "pid")
     assert before.detail != after.detail  # the hung worker was killed; a new process graded the next item
     assert elapsed < 30.0  # not the 60 s sleep
@@ -229,7 +231,7 @@ def test_a_judge_stuck_in_c_is_killed_at_once():
         assert disposition.detail == "True"
         worker = _worker(int(pid_result.detail))
         (r,) = p.score_batch([{"kind": "busy_in_c"}])
-        assert r == RewardResult(-1.0, "timeout", detail="item ran past 1 s")
+        assert (r.score, r.reason) == (-1.0, "timeout") and r.detail.startswith("item 0 ran past its limit of 1 s")
         assert worker.exitcode == -signal.SIGTERM  # ended by SIGTERM itself, not by the SIGKILL 3 s later
 
 
@@ -281,7 +283,7 @@ def test_an_item_that_does_not_pickle_is_an_error_of_that_item():
 
 
 def test_math_verify_timeouts_fire_inside_workers():
-    """score_math's own SIGALRM budget fires in the worker, while verifying, before the pool's limit.
+    """score_math's own CPU-time budget (SIGPROF) fires in the worker, while verifying, before the pool's limit.
 
     Under load the old version of this test saw the budget (1 s) spent while the worker was still parsing: its
     first math-verify call also pays math-verify's warm-up. Here the worker is warmed up first, and the budget
@@ -290,7 +292,7 @@ def test_math_verify_timeouts_fire_inside_workers():
         assert p.score(response="<think>x</think> $\\boxed{9^{2}}$", gold="81").reason == "correct"  # warm-up
         slow, fast = p.score_batch([{"response": SLOW_ANSWER, "gold": "3", "timeout_s": 3.0},
                                     {"response": "<think>x</think> \\boxed{3}", "gold": "3"}])
-    assert slow == RewardResult(-1.0, "timeout", detail="verifying the answer")  # the judge's own reason and stage
+    assert slow == RewardResult(-1.0, "timeout", detail="verifying the answer (more than 3 s of CPU time)")
     assert fast.reason == "correct"
 
 
@@ -299,7 +301,7 @@ def test_pool_timeout_backs_up_a_slow_judge():
     with RewardPool(score_math, workers=1, timeout_s=1.5, **FORK) as p:
         t0 = time.monotonic()
         (r,) = p.score_batch([{"response": SLOW_ANSWER, "gold": "3", "timeout_s": 60.0}])
-        assert (r.score, r.reason, r.detail) == (-1.0, "timeout", "item ran past 1.5 s")
+        assert (r.score, r.reason) == (-1.0, "timeout") and r.detail.startswith("item 0 ran past its limit of 1.5 s")
         assert time.monotonic() - t0 < 30.0  # not the judge's 60 s
         assert p.score(response="<think>x</think> \\boxed{3}", gold="3").reason == "correct"
 
@@ -383,7 +385,7 @@ def test_a_hang_or_death_in_a_group_costs_only_its_own_item():
         elapsed = time.monotonic() - t0
     assert [(r.score, r.reason) for r in results] == [(1.0, "echo"), (-1.0, "timeout")] + [(0.0, "pid")] * 14 + [
         (3.0, "echo"), (-1.0, "worker_died"), (-1.0, "error"), (5.0, "echo")]
-    assert results[1].detail == "item ran past 1 s"
+    assert results[1].detail.startswith("item 1 ran past its limit of 1 s (wall time); its worker was killed; ended")
     assert results[17].detail == "the worker process ended while grading (killed by SIGKILL)"
     assert "ValueError: judge failed on 4" in results[18].detail
     assert elapsed < 8.0  # pebble's own limit for the group task alone would be 16 s
@@ -403,8 +405,8 @@ def test_without_a_progress_file_a_failed_group_is_graded_again_item_by_item(mon
         t0 = time.monotonic()
         results = p.score_batch(items)
         elapsed = time.monotonic() - t0
-    assert results == [RewardResult(1.0, "echo"), RewardResult(-1.0, "timeout", detail="item ran past 1 s"),
-                       RewardResult(2.0, "echo")]
+    assert results == [RewardResult(1.0, "echo"), RewardResult(-1.0, "timeout", detail="item 1 ran past its limit "
+                       "of 1 s (wall time); its worker was killed"), RewardResult(2.0, "echo")]  # no file: no start
     assert 3.0 + 1.0 <= elapsed < 30.0  # the group's limit, then the hung item's own
 
 

@@ -24,24 +24,30 @@ x = 3 for 3), sets, intervals, tuples and matrices; ``\text{}`` units and degree
 30° = 30, but 30° ≠ π/6); ``p\\%`` equals p/100 and, leniently, also p (50 passes for 50%); numbers are compared
 after rounding to 6 decimals (0.3333333 passes for 1/3); unicode ½, √2, π are not read.
 
-Timeouts. math-verify bounds its parse and its comparison with ``signal.alarm`` (whole seconds), which only works
-in a process's main thread. ``score_math`` hands math-verify one budget of ``timeout_s`` for the whole judgement:
-each math-verify call gets the time still left, rounded up to whole seconds, so a judgement returns within
-``timeout_s + 1`` s (measured in tests/test_reward_math.py). Called from another thread it raises: grade through
-``klear_lib.rewards.pool.RewardPool``, whose workers run ``score_math`` in their main threads.
-A signal cannot interrupt a long C-level routine (a big-integer power inside sympy, say): rarely, the alarm then
-fires only when that routine returns, minutes later. Only a process kill bounds that case, which is why training
-grades through the pool (its per-item limit kills the worker and scores the item ``timeout``).
+Timeouts. The budget, ``timeout_s``, is CPU time of the grading process for the whole judgement (gold parse,
+answer parse, verification), never wall time: a loaded machine slows a judgement down without failing it (a
+correct answer, or the gold itself, timing out under load). math-verify's own timeouts (``signal.alarm``, wall
+time, whole seconds) are turned off; ``score_math`` arms one ``ITIMER_PROF`` timer instead (SIGPROF after
+``timeout_s`` of this process's user + system time), whose handler raises math-verify's ``TimeoutException``, and
+which fires again every ``REFIRE_S`` of CPU after that: a raise that lands where Python swallows it (a
+finalizer, a library's ``except BaseException``) is repeated, and a judgement that went past its budget is
+``timeout`` whatever it returns. Signals only reach a process's main thread: called from another thread
+``score_math`` raises; grade through ``klear_lib.rewards.pool.RewardPool``, whose workers run it in their main
+threads. A signal cannot interrupt a long C-level routine (a big-integer power inside sympy, say): the raise then
+comes only when that routine returns, minutes later. Only a process kill bounds that case, which is why training
+grades through the pool (its per-item limit, wall time, kills the worker and scores the item ``timeout``).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
+import logging
 import math
 import re
+import signal
 import threading
-import time
 from dataclasses import dataclass
 from itertools import product
 
@@ -86,7 +92,8 @@ class MathRewardOptions:
     """``"released"`` (the −0.5 / −2.0 penalties above), ``"paper"`` (format failure → ``wrong_score``), or
     ``"none"`` (no format check)."""
     timeout_s: float = 5.0
-    """Wall-clock budget for the whole judgement (gold parse, answer parse, verification), in seconds."""
+    """CPU-time budget of the grading process for the whole judgement (gold parse, answer parse, verification),
+    in seconds (module docstring, "Timeouts")."""
 
     def __post_init__(self):
         if self.format_rule not in FORMAT_RULES:
@@ -103,21 +110,50 @@ def make_options(**options) -> MathRewardOptions:
     return build_options(MathRewardOptions, "math reward", options)
 
 
-class _Deadline:
-    """One time budget shared by every math-verify call of a judgement.
+REFIRE_S = 0.1  # once the budget is spent, SIGPROF comes again after every REFIRE_S of CPU time
 
-    math-verify arms ``signal.alarm(n)`` per call, with whole seconds, and disarms it after; nested alarms
-    cancel each other, so instead of one outer alarm each call gets the time left, rounded up.
-    """
+
+class _CpuBudget:
+    """One budget of this process's CPU time for a whole judgement (module docstring, "Timeouts").
+
+    ``ITIMER_PROF`` counts user + system time of the process and delivers SIGPROF; the handler raises
+    ``TimeoutException`` while the budget is armed (and notes that it expired), never after ``disarm``. A raise
+    can land inside ``disarm`` itself, before it took effect: the caller then disarms again (the next SIGPROF is
+    ``REFIRE_S`` of CPU away, a disarm takes microseconds)."""
 
     def __init__(self, seconds: float):
-        self.end = time.monotonic() + seconds
+        self.seconds = seconds
+        self.armed = self.expired = False
+        self.previous = None
+        self.phase = "parsing the gold"
 
-    def seconds(self) -> int:
-        left = self.end - time.monotonic()
-        if left <= 0:
-            raise TimeoutException("judgement budget spent")
-        return max(1, math.ceil(left))  # alarm(0) would mean "no timeout": never pass 0
+    def _on_sigprof(self, signum, frame):
+        if self.armed:
+            self.expired = True
+            raise TimeoutException(f"the judgement ran past {self.seconds:g} s of CPU time ({self.phase})")
+
+    def arm(self) -> None:
+        self.previous = signal.signal(signal.SIGPROF, self._on_sigprof)
+        self.armed = True
+        signal.setitimer(signal.ITIMER_PROF, self.seconds, REFIRE_S)
+
+    def disarm(self) -> None:
+        self.armed = False
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        if self.previous is not None:
+            signal.signal(signal.SIGPROF, self.previous)
+            self.previous = None
+
+
+class _NoTimeoutWarning(logging.Filter):
+    """math-verify warns, once per process, that its timeouts are off: here they are off on purpose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().lstrip().startswith("Timeout is disabled")
+
+
+for _logger in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_logger).addFilter(_NoTimeoutWarning())
 
 
 def _is_math(x) -> bool:
@@ -140,10 +176,22 @@ def gold_source(gold: str) -> str:
     return f"\\boxed{{{gold}}}"
 
 
-@functools.lru_cache(maxsize=4096)
-def _parse_gold_cached(src: str, seconds: int) -> tuple:
-    # A group of G completions shares one gold: parse it once per worker. Exceptions are not cached.
-    return tuple(parse(src, parsing_timeout=seconds, raise_on_error=True))
+_GOLD_CACHE: collections.OrderedDict[str, tuple] = collections.OrderedDict()
+_GOLD_CACHE_SIZE = 4096
+
+
+def _parse_gold_cached(src: str, budget: _CpuBudget) -> tuple:
+    """A group of G completions shares one gold: parse it once per worker. Neither a raise nor a parse that ran
+    past the budget (its timeout swallowed somewhere, its result unsure) is cached."""
+    if src in _GOLD_CACHE:
+        _GOLD_CACHE.move_to_end(src)
+        return _GOLD_CACHE[src]
+    parsed = tuple(parse(src, parsing_timeout=None, raise_on_error=True))
+    if not budget.expired:
+        _GOLD_CACHE[src] = parsed
+        while len(_GOLD_CACHE) > _GOLD_CACHE_SIZE:
+            _GOLD_CACHE.popitem(last=False)
+    return parsed
 
 
 def _missing_gold(gold) -> str | None:
@@ -159,15 +207,14 @@ def _missing_gold(gold) -> str | None:
     return None
 
 
-def _parse_gold(gold, deadline: _Deadline) -> tuple | str:
-    """The gold answer parsed by math-verify, or why it cannot be graded against (a ``gold_error`` detail)."""
+def _parse_gold(gold, budget: _CpuBudget) -> tuple | str:
+    """The gold answer parsed by math-verify, or why it cannot be graded against (a ``gold_error`` detail).
+    ``TimeoutException`` passes through (`score_math` says where the budget ran out)."""
     missing = _missing_gold(gold)
     if missing:
         return missing
     try:
-        parsed = _parse_gold_cached(gold_source(gold), deadline.seconds())
-    except TimeoutException:
-        return f"timed out parsing gold {_short(str(gold))}"
+        parsed = _parse_gold_cached(gold_source(gold), budget)
     except Exception as e:  # noqa: BLE001 - any failure of the gold is a data problem, reported as such
         return f"{type(e).__name__} on gold {_short(str(gold))}"
     if not any(_is_math(g) for g in parsed):  # nothing, or only the raw text back: not a math expression
@@ -208,18 +255,39 @@ def score_math(response: str, gold: str, **options) -> RewardResult:
     >>> score_math("<think>...", "1").reason
     'no_think_close'
 
-    Must run in a process's main thread (math-verify's timeouts are SIGALRM); elsewhere it raises RuntimeError.
+    Must run in a process's main thread (its CPU-time budget is a signal, SIGPROF); elsewhere it raises
+    RuntimeError.
     """
     opts = make_options(**options)
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError(
-            "score_math needs a process's main thread: math-verify's timeouts use SIGALRM, which only works "
-            "there. Grade from threads through klear_lib.rewards.pool.RewardPool (a process pool) instead."
+            "score_math needs a process's main thread: its CPU-time budget is a signal (SIGPROF), which only "
+            "reaches that thread. Grade from threads through klear_lib.rewards.pool.RewardPool (a process pool)."
         )
     response = "" if response is None else str(response)
+    budget = _CpuBudget(opts.timeout_s)
+    try:
+        try:
+            budget.arm()
+            result = _judge(response, gold, opts, budget)
+        finally:
+            budget.disarm()
+    except TimeoutException:
+        budget.disarm()  # again: the raise may have come inside the first disarm, before it took effect
+        result = None
+    if result is not None and not budget.expired:
+        return result
+    # Past the budget: timed out, whatever the judgement returned (a raise swallowed on the way makes it unsure).
+    if budget.phase == "parsing the gold":
+        return RewardResult(opts.gold_error_score, "gold_error", detail=f"timed out parsing gold {_short(str(gold))} "
+                            f"(more than {opts.timeout_s:g} s of CPU time)")
+    return RewardResult(opts.wrong_score, "timeout", detail=f"{budget.phase} (more than {opts.timeout_s:g} s of CPU "
+                        f"time)")
 
-    deadline = _Deadline(opts.timeout_s)
-    gold_parsed = _parse_gold(gold, deadline)
+
+def _judge(response: str, gold, opts: MathRewardOptions, budget: _CpuBudget) -> RewardResult:
+    """`score_math` under its armed budget; ``TimeoutException`` passes through."""
+    gold_parsed = _parse_gold(gold, budget)
     if isinstance(gold_parsed, str):
         return RewardResult(opts.gold_error_score, "gold_error", detail=gold_parsed)
 
@@ -232,30 +300,25 @@ def score_math(response: str, gold: str, **options) -> RewardResult:
     if not answer_text.strip():
         return wrong("no_answer", detail="empty after </think>")
 
+    budget.phase = "parsing the answer"
     try:
-        answer = parse(answer_text, parsing_timeout=deadline.seconds(), raise_on_error=True)
-    except TimeoutException:
-        return wrong("timeout", detail="parsing the answer")
+        answer = parse(answer_text, parsing_timeout=None, raise_on_error=True)
     except Exception as e:  # noqa: BLE001 - sympy/antlr raise many types on malformed input
         return wrong("parse_error", detail=f"{type(e).__name__}: {_short(str(e))}")
     if not answer:
         return wrong("no_answer", detail="math-verify found no answer after </think>")
 
-    # verify(gold, answer) is "any (gold, answer) pair matches". It is run pair by pair here so that a timeout
-    # is seen (math-verify would log it and return False) and all pairs share the one budget; exact-text pairs
-    # go first, so an answer written exactly like the gold is not lost to a slow symbolic comparison.
+    # verify(gold, answer) is "any (gold, answer) pair matches". It is run pair by pair here so that a comparison
+    # that errors costs only its pair, and all pairs share the one budget (a timeout ends the judgement); exact-text
+    # pairs go first, so an answer written exactly like the gold is not lost to a slow symbolic comparison.
+    budget.phase = "verifying the answer"
     pairs = sorted(product(gold_parsed, answer), key=lambda p: _is_math(p[0]) or _is_math(p[1]))
-    timed_out = False
     for g, a in pairs:
         try:
-            if verify(g, a, timeout_seconds=deadline.seconds(), raise_on_error=True):
+            if verify(g, a, timeout_seconds=None, raise_on_error=True):
                 return RewardResult(opts.correct_score, "correct")
-        except TimeoutException:
-            timed_out = True  # other pairs may still match within what is left of the budget
         except Exception:  # noqa: BLE001 - math-verify's own default: a comparison that errors is False
             continue
-    if timed_out:
-        return wrong("timeout", detail="verifying the answer")
     if not any(_is_math(a) for a in answer):
         # Found (e.g. "\\frac{1}{") but only as text: compared as a string, and it did not match.
         return wrong("parse_error", detail=f"answer only as text {_short(answer[-1])}")

@@ -6,10 +6,10 @@ timeout or crash → −1). ``RewardPool`` is that: pebble's ``ProcessPool`` (pi
 Every item yields a ``RewardResult``, in input order: the judge's own, or ``failure_score`` with one of
 ``POOL_REASONS``; nothing about one item is raised into the training loop, and nothing waits forever.
 
-What pebble does here: it runs each task in the main thread of a worker process (so math-verify's own timeouts
-work there), started with ``spawn`` by default; kills and replaces the worker of a task that runs past its
-``timeout`` (→ ``timeout``); reports a worker that dies with an error status or a signal while on a task
-(``ProcessExpired`` → ``worker_died``: ``os._exit(1)``, a segfault, SIGKILL); replaces a worker after
+What pebble does here: it runs each task in the main thread of a worker process (so a judge's signal-based budget,
+``score_math``'s SIGPROF, works there), started with ``spawn`` by default; kills and replaces the worker of a task
+that runs past its ``timeout`` (→ ``timeout``); reports a worker that dies with an error status or a signal while
+on a task (``ProcessExpired`` → ``worker_died``: ``os._exit(1)``, a segfault, SIGKILL); replaces a worker after
 ``max_tasks`` tasks; runs an initializer in each worker, which here caps its address space (``memory_mb``,
 ``RLIMIT_AS`` above what the worker holds once the judge is loaded; a judgement that runs into it raises
 MemoryError → ``memory_exceeded``). The worker side turns what the judge returns into a plain result
@@ -310,8 +310,10 @@ class RewardPool:
     Args:
         score_fn: picklable, module-level ``f(**item) -> RewardResult`` (e.g. ``score_math``).
         workers: worker processes (Klear: 10 for code; 2 on the project's 2-core machines).
-        timeout_s: wall-clock limit per item, from the moment a worker starts it. Keep it above the judge's own
-            budget (``score_math``'s ``timeout_s``, 5 s by default) so the judge can report its own ``timeout``.
+        timeout_s: wall-clock limit per item, from the moment a worker starts it; an item past it is ended (its
+            worker killed) within twice the limit, and its ``timeout`` detail names it. Keep it above the judge's
+            own budget (``score_math``'s ``timeout_s``, 5 s of CPU by default) so the judge can report its own
+            ``timeout``.
         failure_score: the score of every ``POOL_REASONS`` failure (reference §5: −1).
         group_key: item key whose equal values, in consecutive items, go to one worker as one task (``"gold"``
             for ``score_math``); None: one task per item.
@@ -559,12 +561,19 @@ class _Batch:
         return None
 
     def settle(self, task: _Task, queue, reason: str, detail: str) -> None:
-        """The item ``task``'s worker was on gets ``reason``; its other items are graded again, one per task."""
+        """The item ``task``'s worker was on gets ``reason``; its other items are graded again, one per task. A
+        ``timeout`` detail names the item, its limit and when it ended (``overrun``)."""
         on = self.current(task)
         k = on[0] if on else task.indices[0] if len(task.indices) == 1 else None
         if k is not None:
-            self.fail(k, reason, detail)
+            self.fail(k, reason, self.overrun(k, on[2] if on else 0.0) if reason == "timeout" else detail)
         queue.extend([i] for i in task.indices if i != k)
+
+    def overrun(self, k: int, start: float) -> str:
+        """The detail of item ``k`` ended at its limit: which item, the limit, and (where the progress file says
+        when it started) how long after its start the layer saw it ended."""
+        text = f"item {k} ran past its limit of {self.owner.timeout_s:g} s (wall time); its worker was killed"
+        return text + (f"; ended after {time.monotonic() - start:.1f} s" if start > 0 else "")
 
     def collect(self, task: _Task, queue) -> None:
         """A task pebble has finished."""
@@ -581,7 +590,7 @@ class _Batch:
             for i, result in zip(task.indices, task.future.result()):
                 self.results[i] = result
         elif isinstance(error, FutureTimeout):
-            self.settle(task, queue, "timeout", f"item ran past {self.owner.timeout_s:g} s")
+            self.settle(task, queue, "timeout", "")
         elif isinstance(error, ProcessExpired):
             self.settle(task, queue, "worker_died",
                         f"the worker process ended while grading ({exit_description(error.exitcode)})")
@@ -615,7 +624,7 @@ class _Batch:
                 continue
             _, pid, start = on
             if len(task.indices) > 1 and now - start > self.owner.timeout_s:
-                reason, detail = "timeout", f"item ran past {self.owner.timeout_s:g} s"
+                reason, detail = "timeout", ""
             elif not _alive(pid):
                 task.gone_since = task.gone_since or now
                 if now - task.gone_since < _EXIT_GRACE_S:

@@ -63,8 +63,9 @@ the kernel counts NPROC per user namespace level (ucounts, Linux >= 5.14), the z
 holds CAP_CHECKPOINT_RESTORE in that namespace to set the pid counter back, which is why /dev is built from
 the host's nodes there rather than with `--dev` (its devpts would nest a second user namespace: `_dev_argv`).
 
-Output: each test's stdout and stderr are read incrementally and capped (`max_output_bytes` each); a test that
-exceeds a cap is killed (`output_limit_exceeded`), so a 1 GB print costs neither memory nor a drain of 1 GB.
+Output: each test's stdout and stderr are read incrementally and capped (`max_output_bytes` each); a test whose
+stdout (or result) exceeds the cap is killed (`output_limit_exceeded`), so a 1 GB print costs neither memory nor a
+drain of 1 GB; stderr is a log: read to its end and kept truncated (`stderr_truncated`), never a failure.
 
 Needs Linux >= 5.3 (pidfds). Without bwrap, the functions raise `SandboxUnavailableError` saying how to install
 it. Running unsandboxed needs `unsafe_no_sandbox=True` or `KLEAR_UNSAFE_NO_SANDBOX=1`, and warns on every call.
