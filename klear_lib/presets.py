@@ -59,6 +59,16 @@ def list_presets(name: str, params_dir: str | os.PathLike) -> list[str]:
     return known + sorted(found - set(known))
 
 
+def default_preset(name: str, params_dir: str | os.PathLike) -> str:
+    """The preset a notebook's parameters cell holds as its defaults: ``tiny`` (the CPU stand-in), or, for a notebook
+    without one (08 runs a real model: ``small-real``), its one preset that is neither ``smoke`` nor a GPU preset."""
+    found = list_presets(name, params_dir)
+    if "tiny" in found or not found:
+        return "tiny"
+    own = [p for p in found if p not in PRESET_ORDER]
+    return own[0] if len(own) == 1 else "tiny"
+
+
 def resolve_notebook(spec: str, notebooks_dir: str | os.PathLike) -> pathlib.Path:
     """The notebook that `spec` names: a path to an .ipynb, a name with or without .ipynb, or a unique prefix."""
     notebooks_dir = pathlib.Path(notebooks_dir)

@@ -14,11 +14,17 @@ from klear_lib import cli, presets
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("0[1-9]_*.ipynb"))
 # Integer parameters for which 0 is a meaningful value (0: off / the benchmark's own default / no limit / seed 0).
-ZERO_OK = {"07_evaluation": {"n", "limit", "top_k", "seed", }, "05_code_reward": set()}
+ZERO_OK = {"07_evaluation": {"n", "limit", "top_k", "seed", }, "05_code_reward": set(),
+           "08_real_model": {"seed", "format_sft_error_rate", "sft_alpha"}}
+
+
+def _default(nb: pathlib.Path) -> dict:
+    """The parameters the notebook's cell holds: its `tiny` preset (08's: `small-real`)."""
+    return presets.load_params(nb.stem, presets.default_preset(nb.stem, ROOT / "params"), params_dir=ROOT / "params")
 
 
 def _numeric(nb: pathlib.Path) -> dict:
-    tiny = presets.load_params(nb.stem, "tiny", params_dir=ROOT / "params")
+    tiny = _default(nb)
     return {k: v for k, v in tiny.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
@@ -28,12 +34,12 @@ CASES = [(nb, key, bad) for nb in NOTEBOOKS for key, value in _numeric(nb).items
 
 
 def test_every_training_notebook_has_numeric_parameters():
-    assert len(NOTEBOOKS) == 7 and len(CASES) > 200
+    assert len(NOTEBOOKS) == 8 and len(CASES) > 200
 
 
 @pytest.mark.parametrize("nb,key,bad", CASES, ids=lambda x: getattr(x, "stem", str(x)))
 def test_a_value_out_of_range_is_refused_by_the_dry_run_naming_its_parameter(nb, key, bad):
-    tiny = presets.load_params(nb.stem, "tiny", params_dir=ROOT / "params")
+    tiny = _default(nb)
     with pytest.raises(presets.KlearError) as err:
         presets.dry_run_config(nb, {**tiny, key: bad})
     # 07 hands `temperature` to the config's eval_temperature: the message names that field
@@ -42,7 +48,7 @@ def test_a_value_out_of_range_is_refused_by_the_dry_run_naming_its_parameter(nb,
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
 def test_the_tiny_and_smoke_presets_pass_the_dry_run(nb):
-    for preset in ("tiny", "smoke"):
+    for preset in (presets.default_preset(nb.stem, ROOT / "params"), "smoke"):
         presets.dry_run_config(nb, presets.load_params(nb.stem, preset, params_dir=ROOT / "params"))
 
 

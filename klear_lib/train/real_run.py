@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import math
+import random
 import time
 
 from klear_lib.data.tasks import Problem, prompt_messages, teacher_solution
@@ -38,10 +39,13 @@ def rl_rows(problems: list[Problem]) -> list[dict]:
     return [{"prompt": prompt_messages(p), "gold": str(p.answer)} for p in problems]
 
 
-def format_sft_samples(problems: list[Problem]) -> list[dict]:
-    """The format SFT's samples: each problem with the teacher's correct ``<think>`` chain and boxed answer."""
-    return [{"prompt": prompt_messages(p), "completion": [{"role": "assistant", "content": teacher_solution(p)}]}
-            for p in problems]
+def format_sft_samples(problems: list[Problem], *, error_rate: float = 0.0, seed: int = 0) -> list[dict]:
+    """The format SFT's samples: each problem with the teacher's ``<think>`` chain and boxed answer, each step wrong
+    with probability ``error_rate`` (``tasks.teacher_solution``): a teacher that errs leaves the student's answers
+    uncertain enough for GRPO's groups to disagree."""
+    rng = random.Random(f"format-sft:{seed}")
+    return [{"prompt": prompt_messages(p), "completion": [
+        {"role": "assistant", "content": teacher_solution(p, rng, error_rate=error_rate)}]} for p in problems]
 
 
 def evaluate_real(model, tokenizer, problems: list[Problem], pool, *, n: int, temperature: float, top_p: float,
@@ -71,18 +75,22 @@ def evaluate_real(model, tokenizer, problems: list[Problem], pool, *, n: int, te
 
 
 def rollout_table(records: list[dict]) -> list[dict]:
-    """The rollout records of ``metrics.jsonl`` (those with ``klear/rollout``-level counts) reduced to what the
-    notebook shows: rewards, kept groups, clip and ERC fractions, gradient norm."""
-    steps = [r for r in records if "actor/pg_loss" in r]
+    """The records of ``metrics.jsonl`` reduced to one row per rollout: its reward and groups (the rollout record),
+    and the mean over its optimizer steps of the clip and ERC fractions, the gradient norm and the entropy."""
     by_rollout = collections.defaultdict(list)
-    for r in steps:
-        by_rollout[r.get("rollout")].append(r)
+    for r in records:
+        if "actor/pg_loss" in r:
+            by_rollout[r.get("rollout")].append(r)
+    rollouts = {r["rollout"]: r for r in records if "klear/kept_groups" in r}
 
     def mean(rows, key):
         vals = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
-        return sum(vals) / len(vals) if vals else math.nan
+        return sum(vals) / len(vals) if vals else None
 
-    return [{"rollout": k, "updates": len(v), **{key: mean(v, key) for key in
-             ("reward", "reward_std", "grad_norm", "actor/pg_clipfrac_low", "actor/pg_clipfrac_high",
-              "actor/gppo_preserved_frac", "actor/erc_frac_low", "actor/erc_frac_high", "entropy")}}
-            for k, v in sorted(by_rollout.items())]
+    step_keys = ("grad_norm", "actor/pg_clipfrac_low", "actor/pg_clipfrac_high", "actor/gppo_preserved_frac",
+                 "actor/erc_frac_low", "actor/erc_frac_high", "entropy")
+    return [{"rollout": k, "updates": len(by_rollout.get(k, [])),
+             **{key: rollouts[k].get(key) for key in ("reward", "reward_std", "klear/generated_groups",
+                                                      "klear/kept_groups")},
+             **{key: mean(by_rollout.get(k, []), key) for key in step_keys}}
+            for k in sorted(rollouts)]
