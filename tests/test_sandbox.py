@@ -155,6 +155,16 @@ def test_function_calls_and_stdin_tests_share_one_program():
 
 
 @needs_bwrap
+def test_a_function_call_sample_finds_json_imported_by_the_warm_interpreter():
+    """json (the result's way out) is imported once by the warm interpreter, not by every test's process: a
+    program that never imports it finds it loaded before its first line, and a stdin-only sample does not."""
+    program = "import sys\nSEEN = 'json' in sys.modules\ndef f():\n    return SEEN\nprint(SEEN)\n"
+    calls = run_python_tests(program, [FunctionCall("f"), FunctionCall("f")], timeout_s=5)
+    assert [(r.returned, r.value) for r in calls] == [(True, True), (True, True)]
+    assert run_python(program).stdout == "False\n"
+
+
+@needs_bwrap
 def test_tracebacks_read_as_pythons_own():
     r = run_python("def f():\n    raise ValueError('boom')\nf()\n")
     assert r.returncode == 1
