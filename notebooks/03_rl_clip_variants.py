@@ -73,6 +73,7 @@ oversample_factor = 2.0                        # prompts generated per rollout /
 max_gen_batches = 1                            # generation batches a rollout may draw to fill its prompts
 num_generations = 8
 max_completion_length = 56                     # level 4's teacher answer is 50 tokens
+format_rule = "released"                       # the judge's think format: released, paper or none
 eval_n = 2                                     # held-out samples per problem, after the last rollout
 eval_temperature = 0.6                         # the paper's
 control_rollouts = 1                           # rollouts of the one-update-per-rollout control

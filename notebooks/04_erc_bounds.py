@@ -74,6 +74,7 @@ oversample_factor = 2.0
 max_gen_batches = 1
 num_generations = 8
 max_completion_length = 56
+format_rule = "released"                       # the judge's think format: released, paper or none
 rl_lr = 1.4e-4                                 # high enough that DAPO alone loses some of what it knew
 eval_n = 2                                     # held-out samples per problem, after the last rollout (descriptive)
 eval_temperature = 0.6

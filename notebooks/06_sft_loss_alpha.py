@@ -55,6 +55,7 @@ oversample_factor = 2.0
 max_gen_batches = 1
 num_generations = 8
 max_completion_length = 56
+format_rule = "released"                       # the judge's think format: released, paper or none
 rl_lr = 5.0e-5
 eval_n = 2                                     # held-out samples per problem, after the last rollout (descriptive)
 eval_temperature = 0.6                         # the paper's

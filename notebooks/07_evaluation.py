@@ -48,6 +48,7 @@ seed = 0
 limit = 0                                      # first `limit` problems of each benchmark (0: all)
 batch_size = 128                               # HF engine: sequences per generate call
 judge_workers = "auto"                         # math-verify judge processes: "auto" is this machine's cores
+format_rule = "released"                       # the math judge's think-format rule (released / paper / none)
 # The tiny task and the tiny training (used when train_tiny): notebook 03's SFT start, then Klear's recipe at tiny
 # scale (GPPO ε 0.2/0.28, α 0.1, 16 updates per rollout)
 model = "tiny"
@@ -124,8 +125,14 @@ base = RLExperimentConfig.from_params(dict(
     rollout_prompts=rollout_prompts, mini_batch_prompts=mini_batch_prompts, num_generations=num_generations,
     max_completion_length=max_completion_length, rl_lr=rl_lr, sft_alpha=sft_alpha, eval_every=eval_every,
     eval_n=eval_n, eval_temperature=temperature, use_vllm=use_vllm, use_cpu=use_cpu, bf16=bf16, loss_name="gppo",
-    seed=seed, report_to=report_to,
+    seed=seed, report_to=report_to, format_rule=format_rule,
 ))
+# the math judge's format rule (the tiny RL run's reward uses the same); a code benchmark keeps its own judge's
+judge_options = {name: {"format_rule": format_rule} if B.BENCHMARKS[name].judge is B.MATH_JUDGE else {}
+                 for name in bench_names}
+if format_rule != "released" and any(not o for o in judge_options.values()):
+    print(f"warning: format_rule = {format_rule!r} applies to the math benchmarks only; "
+          f"{[n for n, o in judge_options.items() if not o]} keep their own judge's format check")
 protocol = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k or None,
                           repetition_penalty=repetition_penalty, max_new_tokens=max(budget_list), seed=seed)
 
@@ -134,7 +141,8 @@ run_path = notebook.start_run("07_evaluation", run_dir, params=globals(), config
     "claims_declared": DECLARED,
     "seed": seed, "benchmarks": bench_names, "benchmark_paths": paths, "checkpoints": ckpts, "train_tiny": train_tiny,
     "tiny": base, "engine": engine, "n": n, "budgets": budget_list, "yarn_factor": yarn_factor,
-    "original_context": original_context, "protocol": protocol, "limit": limit, "judge_workers": judge_workers})
+    "original_context": original_context, "protocol": protocol, "limit": limit, "judge_workers": judge_workers,
+    "format_rule": format_rule})
 print(f"run dir: {run_path}")
 
 # %% [markdown]
@@ -210,7 +218,7 @@ with contextlib.ExitStack() as stack:
                         sampling = protocol.replace(n=n or bench.n, max_new_tokens=budget)
                         res = evaluate_benchmark(eng, bench, sampling, run_path / "samples" / label / str(budget),
                                                  pool=pools[name], label=f"{label}@{budget}",
-                                                 workers=judge_workers)
+                                                 workers=judge_workers, judge_options=judge_options[name])
                         rows.append({"checkpoint": label, "budget": budget, "yarn": yarn, **res})
                         print(f"{label:>8} @{budget:>6} {name:<16} avg@{res['n']} = {res['avg_at_n']:.4f} "
                               f"[{res['ci_low']:.4f}, {res['ci_high']:.4f}]  format {res['format_rate']:.3f}")

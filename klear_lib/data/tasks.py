@@ -324,6 +324,8 @@ def exact_answer_reward(completion: str, answer: int | str, format_rule: str = "
     Reasons: ``correct``, ``wrong``, ``no_think_close``, ``no_answer``. The math-verify judge with Klear's
     format penalties lives in ``klear_lib.rewards.math``; this exact-match reward is enough for integers.
     """
+    if format_rule not in FORMAT_RULES:
+        raise ValueError(f"format_rule={format_rule!r}; valid: {', '.join(FORMAT_RULES)}")
     if format_rule != "none" and "</think>" not in completion:
         return 0.0, "no_think_close"
     got = extract_answer(completion, format_rule)

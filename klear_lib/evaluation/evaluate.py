@@ -75,11 +75,13 @@ def template_opens_think(engine, messages) -> bool:
 
 
 def evaluate_benchmark(engine, bench, sampling: SamplingConfig, out_dir: str | Path, *, pool=None,
-                       chunk_size: int = 16, progress: bool = True, label: str = "", workers: int = 2) -> dict:
+                       chunk_size: int = 16, progress: bool = True, label: str = "", workers: int = 2,
+                       judge_options: dict | None = None) -> dict:
     """Sample, judge and score ``bench`` with ``engine``; returns the scores plus ``benchmark`` and ``kind``
     (and writes the three files of the module docstring into ``out_dir``). ``pool``: an open ``RewardPool`` of
     the benchmark's judge to reuse (``benchmarks.open_judge_pool``); None opens one of ``workers`` processes for
-    the call. Extra scores (math's maj@n) open their own pool of ``workers`` processes."""
+    the call. Extra scores (math's maj@n) open their own pool of ``workers`` processes. ``judge_options``: keyword
+    arguments of every judgement (math: ``{"format_rule": ...}``, ``rewards.math.MathRewardOptions``)."""
     out_dir = Path(out_dir)
     items = [(p.id, p.messages) for p in bench.problems]
     completions = generate_to_file(engine, items, sampling, out_dir / f"{bench.name}.samples.jsonl",
@@ -87,7 +89,7 @@ def evaluate_benchmark(engine, bench, sampling: SamplingConfig, out_dir: str | P
                                    desc=f"{label} {bench.name}".strip())
     if bench.problems and template_opens_think(engine, bench.problems[0].messages):
         completions = [[THINK_OPEN + "\n" + c for c in row] for row in completions]  # judge what the model wrote
-    correct, reasons = benchmarks.judge(bench, completions, pool, workers=workers)
+    correct, reasons = benchmarks.judge(bench, completions, pool, workers=workers, **(judge_options or {}))
     result = {"benchmark": bench.name, "kind": bench.kind, "source": bench.source,
               **score(correct, reasons, seed=sampling.seed, format_failures=bench.judge.format_failures),
               **bench.judge.extra_scores(bench, completions, reasons, workers=workers)}

@@ -110,14 +110,19 @@ correctness_reward.last_results = []
 
 
 def task_reward(format_rule: str):
-    """``correctness_reward`` judged under ``format_rule`` (the run config's), named as TRL logs it."""
+    """``correctness_reward`` judged under ``format_rule`` (the run config's), named as TRL logs it; its
+    ``last_results`` and ``format_rule`` are what ``KlearGRPOTrainer`` names when a run makes no step."""
     if format_rule == "released":
         return correctness_reward
-    fn = partial(correctness_reward, format_rule=format_rule)
-    fn.__name__ = "correctness_reward"
-    fn.reward_range = correctness_reward.reward_range
-    fn.format_rule = format_rule
-    return fn
+
+    def reward(completions, answer, **kwargs) -> list[float]:
+        scores = correctness_reward(completions, answer, format_rule=format_rule)
+        reward.last_results = correctness_reward.last_results
+        return scores
+
+    reward.__name__ = reward.__qualname__ = "correctness_reward"
+    reward.reward_range, reward.format_rule, reward.last_results = correctness_reward.reward_range, format_rule, []
+    return reward
 
 
 def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None, output_dir=None, progress=print,
