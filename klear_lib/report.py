@@ -177,8 +177,14 @@ def time_text(card: Card) -> str:
     return out
 
 
+REAL_MODEL_PRESET = "small-real"  # a real model on the CPU: a pipeline check, labelled so on the card
+
+
 def preset_warning(preset: str, claims: bool = False) -> str | Markup:
     """What a marked preset means for the numbers: the page's notes and the card say it alike."""
+    if preset == REAL_MODEL_PRESET:
+        return (f"{REAL_MODEL_PRESET} runs: pipeline checks of a real pretrained model through every path (notebook "
+                f"08; 07's evaluation of it); they reproduce no claim of the papers.")
     if preset == "smoke":
         return Markup("Some claims come from <code>smoke</code> runs: those check the code path on a few steps, and "
                       "their verdicts mean nothing.") if claims else \

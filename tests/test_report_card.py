@@ -200,6 +200,16 @@ def test_a_pipe_in_a_claim_stays_in_its_cell_and_smoke_runs_are_marked(tmp_path)
     assert "their numbers and verdicts mean nothing" in text
 
 
+def test_a_real_model_run_is_labelled_a_pipeline_check_on_the_card(tmp_path):
+    check = claims.check("stops_at_turn_end", "Generation stops", "loader", "greedy", True, 1.0, criterion="ends")
+    make_run(tmp_path, "08_real_model", "20250101-120000", summary={"claims": [check]}, preset="small-real")
+    gathered = report_data.gather(tmp_path)
+    text = report.card_markdown(gathered.card)
+    assert "No claims in these runs." in text and "4 checks" not in text and "1 check: 1 pass" in text, text
+    assert "small-real runs: pipeline checks of a real pretrained model" in text
+    assert "they reproduce no claim of the papers" in report.page_html(gathered)
+
+
 def test_the_terminal_gets_the_card(three, capsys):
     cli._print_card(output_root=three, report_path=three / "report.html")  # klear reproduce: on stdout
     out = capsys.readouterr().out
