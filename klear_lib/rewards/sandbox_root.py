@@ -2,8 +2,9 @@
 
 bwrap starts from an empty tmpfs root; `root_argv` lists what to put in it. Everything comes from asking the
 interpreter itself, once per interpreter and process (`interpreter_files`): it imports every extension module
-of its own standard library and reports what it then has mapped (`/proc/self/maps`: libpython, libc, libssl,
-libffi, locale data, ...), its stdlib directories, and its site-packages. The root then holds:
+of its own standard library but those of use only over a socket (`NOT_SHOWN`: tkinter's X11 client, nis) and
+reports what it then has mapped (`/proc/self/maps`: libpython, libc, libssl, libffi, locale data, ...), its stdlib
+directories, and its site-packages. The root then holds:
 
     the interpreter binary                  read-only, at its host path (its RUNPATH and prefix search need that)
     each directory a mapped file lives in   read-only (a directory, not the file: glibc dlopens libgcc_s, ...)
@@ -33,10 +34,11 @@ from dataclasses import dataclass
 # what is mapped. The JSON is the last line, in case a module prints something while loading.
 _PROBE = r"""
 import json, os, sys, sysconfig
+SKIPPED = set(sys.argv[1:])
 dynload = [p for p in sys.path if os.path.basename(p) == "lib-dynload"]
 for d in dynload:
     for name in sorted(os.listdir(d)):
-        if name.endswith(".so"):
+        if name.endswith(".so") and name.split(".")[0] not in SKIPPED:
             try:
                 __import__(name.split(".")[0])
             except BaseException:
@@ -53,6 +55,11 @@ print(json.dumps({"executable": os.path.realpath(sys.executable), "files": sorte
                   "stdlib": [paths["stdlib"], paths["platstdlib"]], "site": [paths["purelib"], paths["platlib"]]}))
 """
 
+# Extension modules whose libraries are not shown: each is of use only over a socket, and the program may open
+# none (`seccomp.build_program_filter`). _tkinter talks to an X server (17 libraries: Tk, Tcl, X11, fonts, ...),
+# nis to a NIS server (9: Sun RPC, Kerberos, ...). Importing either inside fails with ImportError; fewer files to
+# bind (bwrap's mount set-up, ~0.2 ms a file, every sample) and to keep in the page cache.
+NOT_SHOWN = ("_tkinter", "nis")
 LOADER_CACHE = "/etc/ld.so.cache"
 ON_DEMAND = ("libgcc_s.so.1",)  # libraries glibc dlopens later, beside libc
 # stdlib directories no program needs, hidden like site-packages: the regression tests (123 MB here) and, by
@@ -75,7 +82,7 @@ class InterpreterFiles:
 @functools.lru_cache(maxsize=8)
 def interpreter_files(python: str) -> InterpreterFiles:
     """Ask `python` (a real path) what it loads; cached per process."""
-    out = subprocess.run([python, "-I", "-S", "-c", _PROBE], capture_output=True, text=True, env={},
+    out = subprocess.run([python, "-I", "-S", "-c", _PROBE, *NOT_SHOWN], capture_output=True, text=True, env={},
                          timeout=60)
     if out.returncode != 0:
         raise RuntimeError(f"could not list what {python} loads (exit status {out.returncode}): "
