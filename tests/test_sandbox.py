@@ -549,6 +549,25 @@ def test_a_sample_runs_in_its_own_cgroup_removed_after(monkeypatch):
     assert r.ok and (name in inside or "0::/\n" in inside)  # v1 shows the path; a v2 cgroup namespace shows /
 
 
+def test_the_wrapper_puts_the_command_and_what_it_starts_in_every_hierarchy_of_the_sample(monkeypatch):
+    """The shell moves itself into each of the sample's cgroups (v1: its one thread, through `tasks`, without the
+    kernel's global lock; v2: its pid) before it execs the command: the command and its children are inside."""
+    monkeypatch.delenv(sandbox_cgroup.ENV_VAR, raising=False)
+    if sandbox_cgroup.setup() is None:
+        pytest.skip(f"no usable cgroup here: {sandbox_cgroup.status()['why']}")
+    cg = sandbox_cgroup.open_sample(64 << 20)
+    try:
+        script = "cat /proc/self/cgroup; echo --; sh -c 'cat /proc/self/cgroup' & wait"
+        r = subprocess.run(cg.wrap(["/bin/sh", "-c", script]), capture_output=True, text=True, timeout=30)
+        name = os.path.basename(cg.dirs[0])
+        own, child = r.stdout.split("--\n")
+        assert r.returncode == 0, r.stderr
+        assert own.count(name) == child.count(name) == len(cg.dirs), r.stdout
+    finally:
+        cg.close()
+    assert all(not os.path.exists(d) for d in cg.dirs)
+
+
 def test_stale_sample_cgroups_of_dead_processes_are_removed(tmp_path, monkeypatch):
     # A pool worker killed mid-sample leaves its (empty) cgroup; a later process removes it once it is old.
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,

@@ -3,8 +3,10 @@ time counted exactly, and its share of the CPU equal to any other sample's howev
 
 A sample is the bubblewrap sandbox of one `run_python_tests` call. Its cgroup is created before bwrap starts and
 removed after bwrap has been waited for (by then every process of the sandbox is gone). bwrap is placed in it
-by a shell that writes its own pid into the cgroup and then execs bwrap (`SampleCgroup.wrap`), so the sandbox
-is inside from its first instruction; Python's subprocess has no portable way to start a child in a cgroup.
+by a shell that moves itself into the cgroup and then execs bwrap (`SampleCgroup.wrap`), so the sandbox is inside
+from its first instruction; Python's subprocess has no portable way to start a child in a cgroup. On v1 the shell
+moves its one thread (`0` into `tasks`), which the kernel does without the global lock that moving a process by
+pid takes (and its RCU grace period: 5-30 ms a sample, the largest single wait of a sample before issue 45).
 
 Memory charged to the cgroup is everything the sample's processes allocate: anonymous memory, tmpfs and
 /dev/shm pages, pipe and socket buffers, page tables (what RLIMIT_AS, per process and virtual, cannot see).
@@ -41,8 +43,12 @@ ENV_VAR = "KLEAR_SANDBOX_CGROUP"
 PREFIX = "klear-sandbox-"
 STALE_S = 60.0  # an empty sample cgroup of a dead process, this old, is removed (at set-up, and every ...)
 STALE_EVERY = 256  # ... so many samples: a pool worker killed mid-sample leaves its cgroup behind
-# Writes the shell's own pid (bwrap's, after the exec) into each cgroup.procs file given before "--".
-WRAPPER = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+# Moves the shell (bwrap, after the exec) into each cgroup given before "--", then execs the rest. v1: `0` written
+# to `tasks` moves the writing thread, the shell's only one, and takes no global lock; v2: its pid written to
+# `cgroup.procs` (a whole process: the kernel takes cgroup_threadgroup_rwsem for writing, which waits for an RCU
+# grace period, 5-30 ms on the project's machine, measured in the sample's critical path; v1 did the same before).
+WRAPPER = 'while [ "$1" != -- ]; do echo {value} > "$1" || exit 125; shift; done; shift; exec "$@"'
+MOVE = {1: ("0", "tasks"), 2: ("$$", "cgroup.procs")}  # version -> (what the wrapper writes, into which file)
 WRAPPER_FAILED = 125
 _counter = itertools.count()
 _unremoved: set[str] = set()
@@ -103,9 +109,10 @@ class SampleCgroup:
         return tuple(fd for fd in (self.cpu_fd, self.oom_fd) if fd >= 0)
 
     def wrap(self, argv: list[str]) -> list[str]:
-        """`argv` started inside this cgroup (see the module docstring)."""
-        procs = [os.path.join(d, "cgroup.procs") for d in self.dirs]
-        return [_shell(), "-c", WRAPPER, "klear-sandbox-cgroup", *procs, "--", *argv]
+        """`argv` started inside this cgroup (see the module docstring and `WRAPPER`)."""
+        value, name = MOVE[self.host.version]
+        files = [os.path.join(d, name) for d in self.dirs]
+        return [_shell(), "-c", WRAPPER.format(value=value), "klear-sandbox-cgroup", *files, "--", *argv]
 
     def close(self) -> None:
         for fd in (self.cpu_fd, self.oom_fd):
