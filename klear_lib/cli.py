@@ -11,6 +11,8 @@ Nothing in klear_lib imports this module.
     klear reproduce --preset tiny                                 # every notebook that has params/<nb>/tiny.yaml,
                                                                   # then the report
     klear report                                                  # outputs/report.html from every run under outputs/
+    klear report --compare OTHER/outputs                          # ... with a "Compared with" section
+    klear compare outputs OTHER/outputs                           # two trees (or two run directories), claim by claim
     klear lab                                                     # JupyterLab at the repository, on notebooks/
     klear lab 03 --preset smoke                                   # ... on a prepared copy in outputs/lab/
 
@@ -209,12 +211,30 @@ def _cmd_lab(args: argparse.Namespace, layout: runner.Layout) -> int:
 
 
 def _cmd_report(args: argparse.Namespace, layout: runner.Layout) -> int:
-    from klear_lib import report
+    from klear_lib import compare, report
 
     if not report.collect_runs(layout.output_root) and not (layout.output_root / runner.REPRODUCE_LOG).is_file():
         raise KlearError(f"no run directories under {layout.output_root}: run a notebook first "
                          "(klear run NOTEBOOK), or pass --output-root")
-    print(runner.make_report(layout, args.preset))
+    # read before the report notebook runs, so that a wrong --compare is one line and exit 2 before any work
+    comparison = compare.compare(layout.output_root, args.compare) if args.compare else None
+    path = runner.make_report(layout, args.preset)
+    if comparison is not None:  # the page again, as the report notebook writes it, with the "Compared with" section
+        report.render_report(layout.output_root, path, comparison=comparison)
+        report.write_card(layout.output_root, comparison=comparison)
+    print(path)
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace, layout: runner.Layout) -> int:
+    """Two outputs trees (or two run directories of one notebook) side by side, claim by claim (klear_lib.compare):
+    the table on stdout, or its data as JSON."""
+    import json
+
+    from klear_lib import compare, report
+
+    data = compare.compare(args.a, args.b)
+    print(json.dumps(data, indent=2) + "\n" if args.json else report.comparison_markdown(data), end="")
     return 0
 
 
@@ -321,7 +341,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", parents=[dirs], help="gather every run under the output root into report.html")
     p.add_argument("--preset", default="tiny", help="preset of the 00_report notebook (default: tiny)")
     p.add_argument("--output-root", help="default: outputs")
+    p.add_argument("--compare", metavar="OTHER", help="another outputs tree (or a run directory): the page and "
+                   "report.md get a 'Compared with' section, this tree as A, OTHER as B (as klear compare)")
     p.set_defaults(func=_cmd_report)
+    p = sub.add_parser("compare", help="two outputs trees (or two run directories of one notebook) side by side, "
+                                       "claim by claim: effects, intervals, the z of their difference, flipped "
+                                       "verdicts")
+    p.add_argument("a", metavar="A", help="an outputs tree (<notebook>/<stamp>/ under it) or one run directory")
+    p.add_argument("b", metavar="B", help="likewise; claims are matched by notebook and claim id")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON data instead of the table")
+    p.set_defaults(func=_cmd_compare, repo_root=None, notebooks_dir=None, params_dir=None)  # no folders of its own
     return parser
 
 

@@ -13,6 +13,8 @@ templates' filters), the figures, and the writers.
                          notebook (its newest run; older runs listed). Smoke and custom runs are marked.
     write_card(root)     writes ``<root>/report.md``: the card in Markdown, what ``klear reproduce`` prints at its end
     card_markdown(card)  the same text for any card (``klear run`` prints its run's, ``report_data.run_card``)
+    comparison_markdown(cmp)  ``klear compare``'s table (``klear_lib.compare``); ``render_report`` and ``write_card``
+                         add it, as a "Compared with" section, given ``comparison=``
 
 Figures are embedded as base64 data URIs and the CSS is inline, so the file can be mailed or archived alone.
 Every value a template prints is HTML-escaped (``html.escape``, as before the templates); only the caller's
@@ -305,8 +307,10 @@ def run_section_html(run: RunInfo, older: Sequence[RunInfo] = ()) -> str:
     return environment().get_template("section.html.j2").render(_section_context(run, older)).strip()
 
 
-def page_html(page: Page, *, title: str = "Klear reproduction report", intro_html: str = "") -> str:
-    """The whole page of ``page`` as HTML text."""
+def page_html(page: Page, *, title: str = "Klear reproduction report", intro_html: str = "",
+              comparison: Mapping | None = None) -> str:
+    """The whole page of ``page`` as HTML text; with ``comparison`` (``klear_lib.compare``'s data, this tree as A),
+    its "Compared with" section before the overview."""
     import datetime as _dt
 
     from klear_lib import plots
@@ -316,7 +320,7 @@ def page_html(page: Page, *, title: str = "Klear reproduction report", intro_htm
     return environment().get_template("report.html.j2").render(
         page=page, card=page.card, title=title, intro_html=Markup(intro_html),
         generated=_dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z"),
-        forest_uri=forest_uri(paired), wall_uri=_png_uri(wall) if wall is not None else "",
+        forest_uri=forest_uri(paired), wall_uri=_png_uri(wall) if wall is not None else "", comparison=comparison,
         sections=[Markup(run_section_html(run, page.older.get(nb, ()))) for nb, run in page.latest.items()],
     )
 
@@ -327,17 +331,19 @@ def render_report(
     *,
     title: str = "Klear reproduction report",
     intro_html: str = "",
+    comparison: Mapping | None = None,
 ) -> Path:
     """Write the report (default ``<output_root>/report.html``, atomically) and return its path.
 
     Sections follow notebook-name order, one per notebook: its newest run, older runs listed. A notebook that
     reproduce.json reports as failed without a run directory appears as failed with the log's message (as
     its newest run, unless a run directory is newer than the log). The 00_report notebook's own runs are left
-    out of the page (``report_data.gather``).
+    out of the page (``report_data.gather``). ``comparison`` (``klear_lib.compare.compare(root, OTHER)``) adds the
+    "Compared with" section.
     """
     root = Path(output_root)
     out = Path(out) if out is not None else root / REPORT_FILE
-    _write_atomic(out, page_html(gather(root), title=title, intro_html=intro_html))
+    _write_atomic(out, page_html(gather(root), title=title, intro_html=intro_html, comparison=comparison))
     return out
 
 
@@ -350,12 +356,26 @@ def card_markdown(card: Card, *, title: str = "Klear report card", report: str |
     return "\n".join(line.rstrip() for line in text.strip().splitlines()) + "\n"
 
 
-def write_card(output_root: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
-    """Write ``<output_root>/report.md`` (atomically): the card of every notebook's newest run, in Markdown."""
+def write_card(output_root: str | os.PathLike, out: str | os.PathLike | None = None, *,
+               comparison: Mapping | None = None) -> Path:
+    """Write ``<output_root>/report.md`` (atomically): the card of every notebook's newest run, in Markdown; with
+    ``comparison``, its short table below (``comparison_markdown``)."""
     root = Path(output_root)
     out = Path(out) if out is not None else root / MD_FILE
-    _write_atomic(out, card_markdown(gather(root).card, report=root / REPORT_FILE))
+    text = card_markdown(gather(root).card, report=root / REPORT_FILE)
+    if comparison:
+        text += "\n" + comparison_markdown(comparison, heading=f"## Compared with {comparison['b']['path']}",
+                                           full=False)
+    _write_atomic(out, text)
     return out
+
+
+def comparison_markdown(comparison: Mapping, *, heading: str = "# klear compare", full: bool = True) -> str:
+    """``klear_lib.compare``'s data as Markdown (``compare.md.j2``): each side's processors, commits and presets,
+    then one row per claim on both sides (``full``: each side's effect, interval, seeds and verdict, z, flipped; else
+    the short table of ``report.md``), the claims on one side only and the runs that did not finish."""
+    text = environment(page=False).get_template("compare.md.j2").render(cmp=comparison, heading=heading, full=full)
+    return "\n".join(line.rstrip() for line in text.strip().splitlines()) + "\n"
 
 
 def _write_atomic(path: Path, text: str) -> None:
