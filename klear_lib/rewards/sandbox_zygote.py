@@ -366,38 +366,79 @@ def _forker_loop(job, code, sock):
         sock.send(b"ok")
 
 
+class _Libc:
+    """The few libc functions this module calls (syscall, prctl, capset), through `_ctypes` itself: `import ctypes`
+    costs 3.5 ms a sample (its module defines every C type and imports struct), `_ctypes` 0.5 ms. Every argument
+    is passed as a C long (an address for a pointer), every result read as one, errno kept as ctypes'
+    use_errno keeps it. Made on first use."""
+
+    def __init__(self):
+        import _ctypes
+
+        class Long(_ctypes._SimpleCData):  # as ctypes.c_long: a result converted to an int
+            _type_ = "l"
+
+        class Char(_ctypes._SimpleCData):  # as ctypes.c_char: an array of them has .raw
+            _type_ = "c"
+
+        class Function(_ctypes.CFuncPtr):
+            _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+            _restype_ = Long
+
+        class Library:  # what a function is looked up in: this process's own symbols (RTLD_NOW)
+            _handle = _ctypes.dlopen(None, 2)
+
+        self._ctypes, self._long, self._char = _ctypes, Long, Char
+        self._functions = {name: Function((name, Library())) for name in ("syscall", "prctl", "capset")}
+
+    def check(self, name, *args):
+        """`name(*args)`'s result; OSError with errno when it is negative."""
+        result = self._functions[name](*[self._long(a) for a in args])
+        if result < 0:
+            raise OSError(self._ctypes.get_errno(), f"{name}{args[:1]} failed")
+        return result
+
+    def memory(self, data):
+        """(a buffer of `data` bytes, or of that many zero bytes, its address): kept by the caller as long as
+        the address is used."""
+        buf = (self._char * (data if isinstance(data, int) else len(data)))()
+        if not isinstance(data, int):
+            buf.raw = data
+        return buf, self._ctypes.addressof(buf)
+
+
+class _LazyLibc:
+    def __getattr__(self, name):
+        global _LIBC
+        _LIBC = _Libc()
+        return getattr(_LIBC, name)
+
+
+_LIBC = _LazyLibc()
+
+
 class _ProgramFilter:
     """The program's seccomp filter (`seccomp.build_program_filter`, built by the host), ready in memory before
     the forker forks, so that each test's process only makes one prctl call to stack it on the sandbox's."""
 
     def __init__(self, code):
-        import ctypes
-
-        class Prog(ctypes.Structure):  # struct sock_fprog
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-        self.libc = ctypes.CDLL(None, use_errno=True)
-        self.ctypes = ctypes
-        self.buf = ctypes.create_string_buffer(bytes(code), len(code))
-        self.prog = Prog(len(code) // 8, ctypes.addressof(self.buf))
+        self.code = _LIBC.memory(bytes(code))  # struct sock_filter[]
+        # struct sock_fprog: the filter's length (u16, then padding to the pointer's alignment), its address
+        self.prog = _LIBC.memory((len(code) // 8).to_bytes(2, sys.byteorder) + bytes(6)
+                                 + self.code[1].to_bytes(8, sys.byteorder))
 
     def load(self):
         """Stack the filter on this process (no_new_privs is set: bwrap set it for its own filter). Raises
         OSError if the kernel refuses: the test then never runs its program."""
-        libc, ctypes = self.libc, self.ctypes
-        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS (already set by bwrap: a no-op, kept explicit)
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-        if libc.prctl(22, 2, ctypes.byref(self.prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-            raise OSError(ctypes.get_errno(), "the program's seccomp filter could not be loaded")
+        _LIBC.check("prctl", 38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS (already set by bwrap: a no-op, kept explicit)
+        _LIBC.check("prctl", 22, 2, self.prog[1], 0, 0)  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog
 
 
 _PROGRAM_FILTER = None
 
 
 def _make_subreaper():
-    import ctypes
-    if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+    _LIBC.check("prctl", 36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
 def _child(job, code, test, w, middle):
@@ -752,10 +793,9 @@ class _Counters:
         self.inode = {}  # dir -> what the next inode number must be at the start of the next test (or None)
         self.entry = {}  # dir -> the same for the next directory entry's offset (or None)
         if self.dirs:
-            import ctypes  # getdents64: the listing's positions, which the os module does not show
-            self.ctypes, self.libc = ctypes, ctypes.CDLL(None, use_errno=True)
+            # getdents64: the listing's positions, which the os module does not show
             self.getdents64 = self.GETDENTS64.get(posix.uname().machine, -1)
-            self.buf = ctypes.create_string_buffer(1 << 16)
+            self.buf = _LIBC.memory(1 << 16)
 
     def start(self):
         """Read where both counters stand and whether they count; '' or what failed."""
@@ -858,11 +898,8 @@ class _Counters:
         posix.close(posix.open(path, posix.O_CREAT | posix.O_EXCL | posix.O_WRONLY, 0o600))
         fd = posix.open(d, posix.O_RDONLY | posix.O_DIRECTORY)
         try:
-            ctypes = self.ctypes
-            n = self.libc.syscall(self.getdents64, fd, self.buf, len(self.buf))
-            if n < 0:
-                raise OSError(ctypes.get_errno(), "getdents64 failed")
-            raw, pos, before = self.buf.raw[:n], 0, 0
+            n = _LIBC.check("syscall", self.getdents64, fd, self.buf[1], len(self.buf[0]))
+            raw, pos, before = self.buf[0].raw[:n], 0, 0
             while pos < n:  # struct linux_dirent64: ino u64, off s64, reclen u16, type u8, name
                 off = int.from_bytes(raw[pos + 8:pos + 16], "little", signed=True)
                 reclen = int.from_bytes(raw[pos + 16:pos + 18], "little")
@@ -1060,10 +1097,7 @@ def _killpg(pid):
 
 
 def _make_non_dumpable():
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, 0
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+    _LIBC.check("prctl", 4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
 
 
 def _imported_names(source):
@@ -1088,12 +1122,9 @@ def _pread_all(fd, at, size):
 
 def _drop_capabilities():
     """Empty the capability sets of this process (capset, version 3): a non-root test keeps the zygote's uid."""
-    import ctypes  # imported by the zygote already (`_make_non_dumpable`)
-    libc = ctypes.CDLL(None, use_errno=True)
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)
-    data = (ctypes.c_uint32 * 6)()  # two of {effective, permitted, inheritable}, all zero
-    if libc.capset(header, data) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
+    header = _LIBC.memory((0x20080522).to_bytes(4, sys.byteorder) + bytes(4))  # version 3, this process
+    data = _LIBC.memory(bytes(24))  # two of {effective, permitted, inheritable} (u32 each), all zero
+    _LIBC.check("capset", header[1], data[1])
 
 
 def _stdin_fd(text, where):
