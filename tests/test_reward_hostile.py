@@ -1128,7 +1128,7 @@ while time.monotonic_ns() < target:
 @pytest.mark.slow
 def test_the_wall_clock_is_the_documented_residual(host):
     # docs/sandbox_security.md: a test ends at a phase of the clock it chooses, and the next one reads that phase
-    # at its start (the gap between them is ~12-25 ms). Measured here so that the page stays true: 3 bits in
+    # at its start (the gap between them is ~7-19 ms). Measured here so that the page stays true: 3 bits in
     # 50 ms slots (0.4 s of waiting) arrive nearly always. If this fails, the residual closed: update the page.
     bits, slot_ms, n = 3, 50, 8
     sent = [secrets.randbelow(1 << bits) for _ in range(n)]

@@ -41,7 +41,7 @@ depend on its own forks only. If any of that fails, no further test runs: each r
 be reset. Each test's process reads its own test from its section of the job (this process never reads one), so no
 test holds another's input.
 
-What a test can still pass to the next: timing (its own duration, through every clock: about 5 bits a test),
+What a test can still pass to the next: timing (its own duration, through every clock: about 8 bits a test),
 counters the kernel keeps for the whole machine rather than per namespace or filesystem (the inode numbers of
 pipes and pidfds, /proc/stat's fork count; no more sockets: each test's process stacks the program's seccomp
 filter, `_ProgramFilter`, which refuses every socket call; docs/sandbox_security.md). Not this process's
