@@ -497,6 +497,24 @@ def test_every_test_finds_the_same_pids_inode_numbers_and_entry_offsets():
     assert "more than" in over[1].stderr
 
 
+def test_the_counters_step_plan_moves_each_counter_by_exactly_what_is_asked():
+    """`_Counters.advance` moves entries and inodes mostly together (a symlink made and removed), the rest apart
+    (renames: entries, and one inode for the file they rename; unnamed files: inodes); every plan lands both
+    exactly, or says it cannot (entries to move and no inode left for the renamed file)."""
+    for entries in [None, *range(0, 40)]:
+        for inodes in [None, *range(0, 40)]:
+            plan = sandbox_zygote._step_plan(entries, inodes)
+            if plan is None:
+                assert inodes == 0 and entries > 0
+                continue
+            both, renames, unnamed = plan
+            assert min(plan) >= 0
+            if entries is not None:
+                assert both + renames == entries
+            if inodes is not None:
+                assert both + (renames > 0) + unnamed == inodes
+
+
 @needs_bwrap
 def test_cpu_time_not_wall_time_decides_a_timeout():
     # A test that sleeps uses no CPU: it meets the wall-clock backstop, not the CPU limit; one that computes meets
