@@ -7,8 +7,10 @@ reports what it then has mapped (`/proc/self/maps`: libpython, libc, libssl, lib
 directories, and its site-packages. The root then holds:
 
     the interpreter binary                  read-only, at its host path (its RUNPATH and prefix search need that)
-    each directory a mapped file lives in   read-only (a directory, not the file: glibc dlopens libgcc_s, ...)
-    the stdlib directories                  read-only; site-packages inside them hidden under an empty tmpfs
+    each file it maps                       read-only, file by file with the loader's symlinks to it (libz.so.1
+                                            -> ...), plus libgcc_s beside libc (glibc dlopens it); a small
+                                            directory (a locale's: `SMALL_DIR_FILES`, `SMALL_DIR_BYTES`) whole
+    the stdlib directories                  read-only; site-packages, test and config-* hidden (empty tmpfs)
     the ELF interpreter (ld-linux) path     with every symlink on the way (/lib64 -> usr/lib64 -> /lib/...)
     /etc/ld.so.cache                        how the loader finds a library by name
     parent directories                      created empty, mode 0755, so the dropped uid can walk to the binds
