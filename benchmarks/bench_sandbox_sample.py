@@ -87,8 +87,8 @@ def main() -> None:
                 r = score_code(response, tests, mode="soft")
                 assert r.score == 1.0, r
 
-            def fork_exec(path=path, kind=kind, plain_tests=repr(plain_tests), want=want):
-                r = subprocess.run([python, "-I", "-S", "-c", HARNESS, path, kind, plain_tests],
+            def fork_exec(path=path, kind=kind, plain_tests=plain_tests, want=want):
+                r = subprocess.run([python, "-I", "-S", "-c", HARNESS, path, kind, repr(plain_tests)],
                                    capture_output=True, text=True, timeout=30)
                 assert r.stdout == want, (r.stdout, r.stderr)
 

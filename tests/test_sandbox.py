@@ -178,7 +178,7 @@ def test_the_zygotes_encoder_writes_what_json_dumps_writes():
     cyclic.append(cyclic)
     values = [0, -1, 10 ** 40, 1.5, float("nan"), float("inf"), -float("inf"), 1e300, True, None, "",
               "a\"\n\u00e9\U0001f600", [], {}, [1, [2, [3]]], (1, "t"), {"k": [1, {"n": None}]},
-              {1: "int key", 2.5: "f", True: "b", None: "n"}, "x" * 1000, [0.1] * 5]
+              {1: "int key", 2.5: "f", False: "b", None: "n"}, "x" * 1000, [0.1] * 5]
     for v in values:
         assert dumps(v) == json.dumps(v), v
     for bad in ({1, 2}, {(1, 2): 3}, cyclic, object(), [b"bytes"]):
