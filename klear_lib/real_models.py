@@ -10,7 +10,8 @@ Sources (``resolve``):
                            not use it). Found through the installed package, its sha256 checked (``SMOLLM2``).
 a ``.gguf`` file           dequantized once into an fp32 Hugging Face folder in the model cache (``KLEAR_MODEL_CACHE``,
                            default ``~/.cache/klear/models``): an entry of ``klear_lib.cache`` keyed by the file's
-                           sha256 and the transformers version, verified file by file on every reuse. A GGUF-loaded
+                           sha256 and the transformers version, verified file by file on every reuse; built only
+                           once its reload gives the GGUF model's logits bit for bit. A GGUF-loaded
                            model cannot ``save_pretrained`` ("quantized with GGUF and is not serializable"): the
                            folder holds the same weights without the quantization config, so checkpoints, caches
                            and evaluation after training work as for any folder.
@@ -32,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import importlib.machinery
 import importlib.util
+import json
 import os
 import sys
 import warnings
@@ -171,7 +173,7 @@ def dequantized_folder(gguf: Path, sha256: str, *, cache_root=None, progress=pri
     from klear_lib import cache
 
     made_by = {"gguf_sha256": sha256, "transformers": transformers.__version__, "dtype": "float32",
-               "builder": "klear_lib.real_models.dequantized_folder v1"}
+               "builder": "klear_lib.real_models.dequantized_folder v2"}  # v2: the round-trip check
     key = "gguf-" + cache.digest(made_by)[:16]
 
     def build(work: Path) -> None:
@@ -179,10 +181,41 @@ def dequantized_folder(gguf: Path, sha256: str, *, cache_root=None, progress=pri
         align_special_tokens(model, tokenizer)
         model.save_pretrained(work / cache.MODEL_DIR)
         tokenizer.save_pretrained(work / cache.MODEL_DIR)
+        check = verify_saved(model, tokenizer, work / cache.MODEL_DIR, label=gguf.name)
+        (work / cache.MODEL_DIR / ROUNDTRIP_FILE).write_text(json.dumps(check, indent=1) + "\n")
 
     folder, _ = cache.ensure(cache_root or model_cache_dir(), key, made_by, build,
                              label=f"{gguf.name} (dequantized to fp32)", progress=progress)
     return folder
+
+
+ROUNDTRIP_FILE = "klear_roundtrip.json"  # in a dequantized folder: the check that it gives the GGUF's logits
+PROBE = "<|im_start|>user\nWhat is 3 + 4?<|im_end|>\n<|im_start|>assistant\nThe answer is \\boxed{7}."
+
+
+def verify_saved(model, tokenizer, folder: Path, *, label: str, top: int = 5) -> dict:
+    """Reload ``folder`` (a model and tokenizer just saved from ``model``/``tokenizer``) and check it is the same
+    model: the same token ids and bit-identical logits on ``PROBE``. Raises ``ModelLoadError`` naming ``label``
+    otherwise. Returns what the folder keeps as its record (``ROUNDTRIP_FILE``): the probe's ids and, at its last
+    position, the ``top`` most likely tokens and their logits, so that a later load can be checked against it."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    saved_tok = AutoTokenizer.from_pretrained(str(folder))
+    ids = tokenizer(PROBE, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    saved_ids = saved_tok(PROBE, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    if not torch.equal(ids, saved_ids):
+        raise ModelLoadError(f"{label}: the saved tokenizer in {folder} splits the probe otherwise than the loaded one")
+    saved = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    with torch.no_grad():
+        want, got = model(ids).logits, saved(ids).logits  # (1, T, V)
+    if not torch.equal(want, got):
+        worst = float((want - got).abs().max())
+        raise ModelLoadError(f"{label}: the folder saved in {folder} does not give the loaded model's logits (largest "
+                             f"difference {worst:.3g}); expected them bit for bit")
+    values, index = got[0, -1].topk(top)
+    return {"probe": PROBE, "ids": ids[0].tolist(), "top_ids": index.tolist(), "top_logits": values.tolist(),
+            "equal": True}
 
 
 def _load_gguf(path: Path):

