@@ -130,10 +130,14 @@ class Source:
                 "load_from": self.load_from}
 
 
+HASH_FOLDER_MAX_BYTES = 2 << 30  # a folder's weights are hashed for its records up to this size (~1 s per GB)
+
+
 def resolve(name_or_path: str | os.PathLike, *, cache_root: str | os.PathLike | None = None,
             progress=print) -> Source:
     """The folder or hub id to load for ``name_or_path`` (see the module docstring); a GGUF is dequantized into the
-    cache on first use. Errors name the file or folder and what was expected."""
+    cache on first use. Errors name the file or folder and what was expected. A folder's ``sha256`` is its weights'
+    (``cache.weights_sha256``) when they are at most ``HASH_FOLDER_MAX_BYTES``, else None (not hashed on every load)."""
     name = str(name_or_path)
     if name in PACKAGED:
         path = packaged_file(PACKAGED[name])
@@ -155,7 +159,7 @@ def resolve(name_or_path: str | os.PathLike, *, cache_root: str | os.PathLike | 
                                  f"{hint}")
         weights = sorted(path.glob("*.safetensors"))
         sha = None
-        if weights:
+        if weights and sum(w.stat().st_size for w in weights) <= HASH_FOLDER_MAX_BYTES:
             from klear_lib.cache import weights_sha256
 
             sha = weights_sha256(path)

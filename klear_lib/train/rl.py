@@ -238,14 +238,14 @@ class KlearGRPOTrainer(GRPOTrainer):
         out = f". The judge's reasons for the {total} responses it saw: {counts}"
         unformatted = reasons.get("no_think_close", 0) + reasons.get("no_think_open", 0)
         if unformatted * 2 > total:
-            rules = sorted({str(getattr(fn, "format_rule", None) or getattr(fn, "keywords", {}).get("format_rule")
-                                or "released") for fn in self.reward_funcs})
+            rules = sorted({str(fn.format_rule) for fn in self.reward_funcs if getattr(fn, "format_rule", None)})
+            rule = (f"the format rule is {' / '.join(repr(r) for r in rules)}" if rules else
+                    "the reward functions declare no format rule (a `format_rule` attribute)")
             template = getattr(self.processing_class, "chat_template", None) or ""
             has_think = "<think>" in template or "</think>" in template
-            out += (f"; {unformatted} of {total} have no <think>...</think> format, and the format rule is "
-                    f"{' / '.join(repr(r) for r in rules)}; this model's chat template "
-                    f"{'writes' if has_think else 'has no'} think format. Fix: set format_rule: none (the answer is "
-                    f"read from the whole response) or run a format SFT first")
+            out += (f"; {unformatted} of {total} have no <think>...</think> format, and {rule}; this model's chat "
+                    f"template {'writes' if has_think else 'has no'} think format. Fix: set format_rule: none (the "
+                    f"answer is read from the whole response) or run a format SFT first")
         return out
 
     def _check_steps_made(self, planned: int) -> None:
