@@ -10,7 +10,7 @@ HOST_TESTS_A := tests/test_reward_hostile.py
 HOST_TESTS_B := tests/test_sandbox_hostile.py tests/test_orphans.py
 HOST_TESTS := $(HOST_TESTS_A) $(HOST_TESTS_B)
 # make test's second stream of smoke notebooks (prepared into .nbval/); the first is every other one but the report
-NB_STREAM_2 := 03_rl_clip_variants 04_erc_bounds 06_sft_loss_alpha 07_evaluation
+NB_STREAM_2 := 03_rl_clip_variants 04_erc_bounds 06_sft_loss_alpha 07_evaluation 08_real_model
 NBVAL := --nbval-lax --sanitize-with tests/nbval_sanitize.cfg
 PRESET ?= tiny
 export PYTHONUNBUFFERED := 1
