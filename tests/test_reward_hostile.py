@@ -1128,9 +1128,10 @@ while time.monotonic_ns() < target:
 @pytest.mark.slow
 def test_the_wall_clock_is_the_documented_residual(host):
     # docs/sandbox_security.md: a test ends at a phase of the clock it chooses, and the next one reads that phase
-    # at its start (the gap between them is ~7-19 ms). Measured here so that the page stays true: 3 bits in
-    # 50 ms slots (0.4 s of waiting) arrive nearly always. If this fails, the residual closed: update the page.
-    bits, slot_ms, n = 3, 50, 8
+    # at its start (the gap between them is ~7-19 ms, up to ~235 ms seen under load). Measured here so that the page
+    # stays true: 3 bits in 100 ms slots (0.8 s of waiting) arrive nearly always; by chance a message arrives 1 time
+    # in 8, so 3 of 7 by chance is ~5%. If this fails on a quiet machine, the residual closed: update the page.
+    bits, slot_ms, n = 3, 100, 8
     sent = [secrets.randbelow(1 << bits) for _ in range(n)]
     rs = run_python_tests(CLOCK_PROGRAM.format(bits=bits, slot_ms=slot_ms), [f"{v}\n" for v in sent],
                           timeout_s=1.0)
