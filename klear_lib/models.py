@@ -22,6 +22,8 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from klear_lib import real_models
+
 PAD, IM_START, IM_END, THINK, THINK_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"
 SPECIAL_TOKENS = [PAD, IM_START, IM_END, THINK, THINK_END]
 
@@ -103,15 +105,8 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, spec: TinyModelSpec | N
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)
-    _set_generation_ids(model, tokenizer)
+    real_models.align_special_tokens(model, tokenizer)  # the same rule as a loaded model's: EOS <|im_end|>
     return model
-
-
-def _set_generation_ids(model, tokenizer) -> None:
-    gc = model.generation_config
-    gc.eos_token_id = tokenizer.eos_token_id
-    gc.pad_token_id = tokenizer.pad_token_id
-    gc.bos_token_id = None
 
 
 WEIGHTS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -155,8 +150,6 @@ def load_model_and_tokenizer(name_or_path: str | Path, *, dtype: torch.dtype | s
     tokenizer's guess (``real_models.align_special_tokens``); the tokenizer pads on the left, as generation needs.
     The model's ``klear_source`` attribute says where it came from (name, kind, sha256).
     """
-    from klear_lib import real_models
-
     source = real_models.resolve(name_or_path, progress=progress)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.load_from)

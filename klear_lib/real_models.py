@@ -30,7 +30,6 @@ else EOS. The tokenizer, the model config and the generation config are set to t
 
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import importlib.util
 import json
@@ -41,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import transformers
+
+from klear_lib.cache import file_sha256
 
 CONTENT = "\x00klear-content\x00"  # a message body no template writes on its own
 
@@ -84,14 +85,6 @@ def default_real_models_dir() -> Path:
 def model_cache_dir() -> Path:
     """The model cache (dequantized GGUF folders): ``KLEAR_MODEL_CACHE``, else ``~/.cache/klear/models``."""
     return Path(os.environ.get("KLEAR_MODEL_CACHE") or Path.home() / ".cache" / "klear" / "models")
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def packaged_file(model: PackagedModel) -> Path:

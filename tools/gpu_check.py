@@ -163,7 +163,7 @@ def build_model(work: Path, size: dict, seed: int = 0):
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from klear_lib import models
+    from klear_lib import models, real_models
     from klear_lib.data import tasks
 
     train, heldout = tasks.make_splits(seed, max(size["sft_samples"], 64), 16)
@@ -176,7 +176,7 @@ def build_model(work: Path, size: dict, seed: int = 0):
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)
-    models._set_generation_ids(model, tok)
+    real_models.align_special_tokens(model, tok)
     path = models.save_model_and_tokenizer(model.to(torch.bfloat16), tok, work / "model")
     return path, train, heldout, models.count_parameters(model)
 

@@ -54,6 +54,7 @@ from itertools import product
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
+from klear_lib.data import tasks
 from klear_lib.rewards.result import RewardResult, build_options
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -70,7 +71,7 @@ REASONS = {
     "gold_error": "the gold answer is missing or math-verify cannot parse it (a data problem, not the model's)",
 }
 
-FORMAT_RULES = ("released", "paper", "none")
+FORMAT_RULES = tasks.FORMAT_RULES  # one list of rules for every judge (klear_lib.data.tasks)
 
 
 @dataclass(frozen=True)
