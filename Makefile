@@ -97,15 +97,19 @@ test: $(STAMP)
 	@# report (00_*), which gathers the notebooks' runs. Logs of what ran beside are printed when it is done.
 	$(PY) -m pytest -p no:cacheprovider $(NBVAL) $$(ls .nbval/*.ipynb | grep -v -e /00_ $(NB_STREAM_2:%=-e /%.ipynb)) \
 	  > .nbval/stream-1.log 2>&1 & one=$$!; \
-	$(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile tests $(HOST_TESTS:%=--ignore=%) --durations=15; unit=$$?; \
+	{ $(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile tests $(HOST_TESTS:%=--ignore=%) --durations=15; \
+	  echo $$? > .nbval/unit.rc; } 2>&1 | tee .nbval/unit.log; unit=$$(cat .nbval/unit.rc); \
 	wait $$one; one=$$?; cat .nbval/stream-1.log; \
 	$(PY) -m pytest -p no:cacheprovider $(HOST_TESTS_A) --durations=5 > .nbval/host-tests-a.log 2>&1 & host_a=$$!; \
 	$(PY) -m pytest -p no:cacheprovider $(HOST_TESTS_B) --durations=5 > .nbval/host-tests-b.log 2>&1 & host_b=$$!; \
-	$(PY) -m pytest -p no:cacheprovider $(NBVAL) $(NB_STREAM_2:%=.nbval/%.ipynb); two=$$?; \
+	{ $(PY) -m pytest -p no:cacheprovider $(NBVAL) $(NB_STREAM_2:%=.nbval/%.ipynb); echo $$? > .nbval/stream-2.rc; } \
+	  2>&1 | tee .nbval/stream-2.log; two=$$(cat .nbval/stream-2.rc); \
 	$(PY) -m pytest -p no:cacheprovider $(NBVAL) $$(ls .nbval/00_*.ipynb); report=$$?; \
 	wait $$host_a; rc=$$?; wait $$host_b; rc_b=$$?; [ $$rc -ne 0 ] || rc=$$rc_b; \
 	cat .nbval/host-tests-a.log .nbval/host-tests-b.log; \
 	[ $$unit -eq 0 ] && [ $$one -eq 0 ] && [ $$two -eq 0 ] && [ $$report -eq 0 ] && [ $$rc -eq 0 ] || { \
+	  grep -h -E "^(FAILED|ERROR) " .nbval/unit.log .nbval/stream-1.log .nbval/stream-2.log .nbval/host-tests-a.log \
+	    .nbval/host-tests-b.log; \
 	  echo "make test: unit tests exit $$unit, notebook streams $$one and $$two, the report $$report, host tests $$rc"; \
 	  exit 1; }
 

@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 import textwrap
 import threading
 import time
@@ -30,7 +31,7 @@ import pytest
 from test_sandbox_hostile import _cmdline, descendants, host_unchanged
 
 from klear_lib.integrations import verl_reward
-from klear_lib.rewards import sandbox, sandbox_cgroup, sandbox_json
+from klear_lib.rewards import sandbox, sandbox_cgroup, sandbox_json, sandbox_root
 from klear_lib.rewards.code import MODES, failure_score, parse_tests, score_code
 from klear_lib.rewards.pool import RewardPool
 from klear_lib.rewards.pool_wrappers import MemoPool, make_trl_reward_func
@@ -448,7 +449,42 @@ NET_CHANNELS = {
         count="[int(l.split(':')[1].split()[9]) for l in open('/proc/net/dev') if l.strip().startswith('lo:')][0]"),
 }
 COUNTER_CHANNELS.update({name: NET_COUNTER.format(**kw) for name, kw in NET_CHANNELS.items()})
-ISSUE_45 = {*NET_CHANNELS, "ipv6_flow_label", "socket_cookie", "page_cache"}  # two tests a sample: test 0 -> 1
+# Counters of the whole machine moved by what every program does (the review of issue 45): pipefs numbers each
+# pipe's inode from one counter; /proc/stat counts forks since boot; pidfs numbers every pid the kernel allocates.
+# Before: exact from one test to the next (6-7 numbers of the zygote's own between them).
+COUNTER_CHANNELS.update({
+    "pipe_inode_counter": """
+def fresh():
+    r, w = os.pipe()
+    ino = os.fstat(r).st_ino
+    os.close(r)
+    os.close(w)
+    return ino
+""" + BY_A_FRESH_NUMBER.format(ahead=7),
+    "fork_counter": """
+def fresh():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    for line in open('/proc/stat'):
+        if line.startswith('processes'):
+            return int(line.split()[1])
+""" + BY_A_FRESH_NUMBER.format(ahead=3),
+    "pidfd_inode_counter": """
+def fresh():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    fd = os.pidfd_open(pid)
+    ino = os.fstat(fd).st_ino
+    os.close(fd)
+    os.waitpid(pid, 0)
+    return ino
+""" + BY_A_FRESH_NUMBER.format(ahead=3),
+})
+ISSUE_45 = {*NET_CHANNELS, "ipv6_flow_label", "socket_cookie", "page_cache", "pipe_inode_counter", "fork_counter",
+            "pidfd_inode_counter"}  # two tests a sample: test 0 -> 1
 COUNTER_CHANNELS.update({
     # IPv6 flow labels: a label taken with IPV6_FLOWLABEL_MGR lingers in the namespace's table for seconds after
     # its socket closes, listed in /proc/net/ip6_flowlabel (20 bits a label; the review sent 768 bits a test)
@@ -509,11 +545,13 @@ def send_bits(v):
         with open(p, 'rb') as f:
             f.read()
 """
+# Sent inverted: every file resident (what the sandbox shows) then reads as 0, never as 15 ("x is in chunk 7",
+# the truth): a control file read slowly by chance (the timed fallback, on a busy machine) once passed for a message.
 COUNTER_CHANNELS["page_cache"] = PAGE_CACHE.format(nbits=4) + """
 def load():
-    return read_bits()
+    return 15 - read_bits()
 def save(v):
-    send_bits(v)
+    send_bits(15 - v)
 """
 
 
@@ -635,24 +673,23 @@ print('held', held)
 # Fork 15 children that each touch 90 MB and stay; each time one reports, print how many of those that reported
 # are still alive (holding their 90 MB at once), for 2 s at most.
 FANOUT = """
-import os, select, time
-r, w = os.pipe()
+import os, time
 kids = []
 for _ in range(15):
     pid = os.fork()
     if pid == 0:
         block = bytearray(b'\\1') * (90 << 20)
-        os.write(w, b'%8d' % os.getpid())
+        open('/tmp/held-%d' % os.getpid(), 'w').close()
         time.sleep(30)
         os._exit(0)
     kids.append(pid)
-os.close(w)
 alive, holding, until = set(kids), set(), time.monotonic() + 2
-while time.monotonic() < until and select.select([r], [], [], until - time.monotonic())[0]:
-    msg = os.read(r, 8)
-    if not msg:
-        break
-    holding.add(int(msg))
+while time.monotonic() < until and len(holding) < len(kids):
+    new = {int(n[5:]) for n in os.listdir('/tmp') if n.startswith('held-')} - holding
+    if not new:
+        time.sleep(0.005)
+        continue
+    holding |= new
     for p in list(alive):
         if os.waitpid(p, os.WNOHANG)[0]:
             alive.discard(p)  # killed (the memory cap): it holds nothing now
@@ -739,35 +776,36 @@ def test_the_search_is_passed_with_time_and_failed_without(host):
     REPORT.append(f"counter family: the search costs {cpu:.2f} s of CPU, {cpu / STATE_TIMEOUT_S:.1f}x the limit")
 
 
-# Eight short-lived workers, one after another, each searching one chunk and reporting through a pipe; with `reap`
+# Eight short-lived workers, one after another, each searching one chunk and reporting through a file; with `reap`
 # False their parent first asks the kernel to reap them (SIGCHLD ignored), so that their CPU time reaches no count.
 WORKERS_PROGRAM = """
-import hashlib, os, signal, sys
+import hashlib, os, signal, sys, time
 SEED, TARGET, SIZE = bytes.fromhex('{seed}'), '{target}', {size}
 if not {reap}:
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     except OSError:
         pass
-found = b'-'
+found = '-'
 for c in range(8):
-    r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        out = b'-'
+        out = '-'
         for x in range(c * SIZE, (c + 1) * SIZE):
             if hashlib.sha256(SEED + x.to_bytes(8, 'little')).hexdigest()[:16] == TARGET:
-                out = b'%d' % x
-        os.write(w, out)
+                out = str(x)
+        with open('/tmp/part', 'w') as f:
+            f.write(out)
+        os.rename('/tmp/part', '/tmp/w%d' % c)
         os._exit(0)
-    os.close(w)
-    found = os.read(r, 64)
-    os.close(r)
     if {reap}:
         os.waitpid(pid, 0)
-    if found != b'-':
+    while not os.path.exists('/tmp/w%d' % c):
+        time.sleep(0.001)
+    found = open('/tmp/w%d' % c).read()
+    if found != '-':
         break
-print(found.decode(), sys.stdin.read().strip())
+print(found, sys.stdin.read().strip())
 """
 WORKERS_TIMEOUT_S = 0.5  # the workers' search costs about 1.3-1.5x this (x lies in the last chunk)
 
@@ -1051,7 +1089,14 @@ def test_big_integers_compare_exactly(host, monkeypatch):
 
 # --- issue 45: from one sample of a group to the next, and the wall clock ------------------------------------------
 
-CROSS_SAMPLE = ["page_cache", "socket_cookie"]  # machine-wide state (a network namespace is the sample's own)
+CROSS_SAMPLE = ["page_cache", "socket_cookie", "pipe_inode_counter", "fork_counter"]  # machine-wide state (a
+# network namespace is the sample's own)
+
+
+def page_cache_files(nbits: int) -> list[str]:
+    names: dict = {"SEED": SEED}
+    exec(PAGE_CACHE.format(nbits=nbits), names)  # the files the programs choose (the stdlib is the host's)
+    return names["FILES"]
 
 
 @pytest.mark.slow
@@ -1059,12 +1104,17 @@ CROSS_SAMPLE = ["page_cache", "socket_cookie"]  # machine-wide state (a network 
 def test_no_channel_carries_from_one_sample_to_the_next_through_the_units_pool(mode, signed_pool, honest_wrong,
                                                                                 pool_host):
     # Sample 1 of a group searches and saves its progress where the next sample can read it (the page cache, the
-    # kernel's socket-cookie counter); sample 2, judged after it on the same pool, resumes from it. Before (the
-    # review): full marks for sample 2 in every mode, hard included. Two tests a sample keep it cheap.
+    # kernel's socket-cookie, pipe-inode and fork counters); sample 2, judged after it on the same pool, resumes
+    # from it. Before (the review): full marks for sample 2 in every mode, hard included. The page cache's files
+    # are first evicted by the host, as a reclaimer of idle pages did on the project's machine (DAMON's pageout:
+    # with the files read in once per worker and not pinned, sample 2 then passed a test; now the eviction fails).
+    # Two tests a sample keep it cheap.
     reward = unit_reward(signed_pool, mode, timeout_s=STATE_TIMEOUT_S)
     tests = PROBLEMS["search2"]
     for name in CROSS_SAMPLE:
         program = next(p.program for p in PROBES if p.name == f"counter_{name}")
+        if name == "page_cache":
+            _evict(page_cache_files(4), check=False)
         for k in (1, 2):  # distinct texts: MemoPool judges each distinct item once
             [score] = reward([respond(program + f"\n# sample {k} of the group\n")], tests=[tests])
             res = reward.last_results[0]
@@ -1078,7 +1128,7 @@ PAGE_RECEIVER = ("SEED = bytes.fromhex({seed!r})\n" + PAGE_CACHE.format(nbits=PA
                  + "try:\n    print(read_bits())\nexcept LookupError:\n    print('none')\n")
 
 
-def _evict(files) -> bool:
+def _evict(files, *, check: bool = True) -> bool:
     """Take `files` out of the page cache (as the host may under memory pressure); whether they all left."""
     for path in files:
         fd = os.open(path, os.O_RDONLY)
@@ -1086,31 +1136,49 @@ def _evict(files) -> bool:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-    names: dict = {"SEED": SEED}
-    exec(PAGE_CACHE.format(nbits=PAGE_BITS), names)
-    return not any(names["resident"](p) for p in files)
+    return check and not any(_resident(p) for p in files)
 
 
-def test_the_page_cache_carries_no_bit_from_one_sample_to_the_next(host):
+def _resident(path: str) -> bool:
     names: dict = {"SEED": SEED}
-    exec(PAGE_CACHE.format(nbits=PAGE_BITS), names)  # the files the programs choose (the stdlib is the host's)
-    files = names["FILES"]
+    exec(PAGE_CACHE.format(nbits=1), names)
+    return names["resident"](path)
+
+
+def test_the_page_cache_carries_no_bit_from_one_sample_to_the_next(host, tmp_path_factory):
+    files = page_cache_files(PAGE_BITS)
     secret = secrets.randbits(PAGE_BITS)
     sender, receiver = (p.format(seed=SEED.hex()) for p in (PAGE_SENDER, PAGE_RECEIVER))
-    # the positive control: the same two samples unsandboxed, on files not in memory, send every bit
-    if _evict(files):
+    # The positive control: the same two samples unsandboxed send every bit through files nobody pins (the shown
+    # ones are pinned by every process that ran a sandbox, pool workers and the other host tests included): the
+    # same program, reading a directory of this test's own files, evicted first.
+    own = tmp_path_factory.mktemp("own")  # not in `host`'s directory, which must stay as it was
+    for i in range(PAGE_BITS + 2):
+        (own / f"m{i:02}.py").write_bytes(secrets.token_bytes(16384))
+    here = "os.path.join(os.path.dirname(os.__file__), 'idlelib')"
+    names: dict = {"SEED": SEED}
+    exec(PAGE_CACHE.format(nbits=PAGE_BITS).replace(here, repr(str(own))), names)
+    if _evict(names["FILES"]):
         with pytest.warns(sandbox.UnsafeSandboxWarning):
-            run_python_tests(sender, [f"{secret}\n"], unsafe_no_sandbox=True)
-            [free] = run_python_tests(receiver, [""], unsafe_no_sandbox=True)
+            run_python_tests(sender.replace(here, repr(str(own))), [f"{secret}\n"], unsafe_no_sandbox=True)
+            [free] = run_python_tests(receiver.replace(here, repr(str(own))), [""], unsafe_no_sandbox=True)
         assert free.stdout.split() == [str(secret)], free
     else:
-        REPORT.append("page cache: the host kept the files in memory; no positive control this run")
-    # sandboxed, starting from the same cold files: a new worker reads the whole root before its first sample
-    _evict(files)
-    sandbox.warm_page_cache.cache_clear()
+        REPORT.append("page cache: the host kept the control's files in memory; no positive control this run")
+    # Sandboxed: the worker pins every shown file before its first sample (as root, or with a memory-lock limit
+    # above their size). The host then evicts, as a reclaimer of idle pages may: all of them before the sender, the
+    # ones it did not read (the control file, the 0 bits) before the receiver. Read in once per process and not
+    # pinned (before), the receiver read the secret whenever the host evicted; the eviction now fails.
+    run_python_tests("print(1)", [""])
+    held = sandbox_root.resident_files(os.path.realpath(sys.executable))
+    idle = [files[1]] + [f for i, f in enumerate(files[2:]) if not secret >> i & 1]
+    _evict(files, check=False)
+    if held.pinned:
+        assert all(_resident(p) for p in files)  # the pin holds against the host
     run_python_tests(sender, [f"{secret}\n"])
+    _evict(idle, check=False)
     [boxed] = run_python_tests(receiver, [""])
-    assert boxed.ok and boxed.stdout.split() == ["none"], boxed  # every file resident: no message at all
+    assert boxed.ok and boxed.stdout.split() == ["none"], boxed
 
 
 CLOCK_PROGRAM = """

@@ -309,6 +309,79 @@ def test_elf_interpreter_is_read_from_the_program_headers(tmp_path):
     assert sandbox_root.elf_interpreter(str(tmp_path / "script")) is None
 
 
+def _resident_pages(path) -> int:
+    """Pages of `path` in the page cache, asked with mincore through a fresh mapping (a second implementation)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # mapped, not touched
+        n = -(-len(m) // mmap.PAGESIZE)
+        vec = ctypes.create_string_buffer(n)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(len(m)), vec) == 0
+        resident = sum(b & 1 for b in vec.raw)
+        del addr
+        m.close()
+    return resident
+
+
+def _evict(paths) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def test_mapped_files_are_read_back_and_locked_ones_cannot_be_evicted(tmp_path):
+    paths = []
+    for i, size in enumerate((1, 4096, 3 * 4096 + 5, 70_000)):
+        paths.append(tmp_path / f"f{i}")
+        paths[-1].write_bytes(os.urandom(size))
+    os.symlink(paths[0], tmp_path / "link")  # skipped: its target is listed in its own right
+    (tmp_path / "empty").touch()  # skipped: nothing to map
+    pages = [-(-os.path.getsize(p) // 4096) for p in paths]
+    loose = sandbox_root.map_files([*paths, tmp_path / "link", tmp_path / "empty", tmp_path / "missing"],
+                                   lock=False)
+    try:
+        assert (loose.files, loose.bytes, loose.pinned) == (4, sum(map(os.path.getsize, paths)), False)
+        assert loose.refresh() == 0
+        _evict(paths)
+        if sum(map(_resident_pages, paths)) == 0:  # this filesystem lets the host evict (tmpfs would not)
+            assert loose.refresh() == sum(pages)  # every page the host took out, read back
+            assert list(map(_resident_pages, paths)) == pages
+    finally:
+        loose.release()
+    held = sandbox_root.map_files(paths)
+    try:
+        if not held.pinned:
+            pytest.skip(f"no memory lock for this user here: {held.why}")
+        _evict(paths)
+        assert list(map(_resident_pages, paths)) == pages and held.refresh() == 0
+    finally:
+        held.release()
+    assert held.maps == [] and not held.pinned
+
+
+def test_a_refused_memory_lock_falls_back_and_warns(monkeypatch):
+    import ctypes
+    import errno
+
+    def refuse(addr, length):
+        ctypes.set_errno(errno.ENOMEM)
+        return -1
+
+    monkeypatch.setattr(sandbox_root._libc(), "mlock", refuse)
+    with pytest.warns(sandbox_root.UnpinnedPageCacheWarning, match=r"mlock refused \(ENOMEM; RLIMIT_MEMLOCK .*"
+                                                                    r"ulimit -l"):
+        held = sandbox_root.resident_files.__wrapped__(os.path.realpath(sys.executable))
+    try:
+        assert not held.pinned and held.files > 1000 and "the files need" in held.why
+    finally:
+        held.release()
+
+
 # --- reaping ---------------------------------------------------------------------------------------------------
 
 # Runs in a child subreaper that never waits for orphans, like pid 1 of a container without an init: every

@@ -92,18 +92,19 @@ def test_socket_families_and_personalities(arch):
 
 
 # (x86_64, aarch64): madvise, preadv2, pwritev2, and what the program filter must let through besides COMMON
-MADVISE, PREADV2, PWRITEV2 = (28, 233), (327, 286), (328, 287)
-PROGRAM_NEEDS = {"pipe2": (293, 59), "clone": (56, 220), "read": (0, 63), "preadv": (295, 69),
-                 "pread64": (17, 67), "munmap": (11, 215), "futex": (202, 98), "pidfd_open": (434, 434)}
+MADVISE, PREADV2, PWRITEV2, CLONE = (28, 233), (327, 286), (328, 287), (56, 220)
+PROGRAM_NEEDS = {"clone": (56, 220), "read": (0, 63), "preadv": (295, 69), "pread64": (17, 67), "munmap": (11, 215),
+                 "futex": (202, 98), "eventfd2": (290, 19), "dup3": (292, 24)}
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-def test_the_program_filter_refuses_sockets_and_page_cache_queries_whatever_the_arguments(arch):
+def test_the_program_filter_refuses_sockets_page_cache_queries_and_counters_whatever_the_arguments(arch):
     prog, i = seccomp.build_program_filter(arch), ARCHES.index(arch)
     denied = seccomp.program_denied_syscalls(arch)
     assert {"socket", "socketpair", "connect", "bind", "listen", "accept", "accept4", "sendto", "sendmsg",
             "sendmmsg", "recvfrom", "recvmsg", "recvmmsg", "getsockopt", "setsockopt", "getsockname", "getpeername",
-            "shutdown", "mincore", "cachestat", "fadvise64", "process_madvise"} == set(denied)
+            "shutdown", "mincore", "cachestat", "fadvise64", "process_madvise", "pipe2", "pidfd_open",
+            "sysinfo"} | ({"pipe"} if arch == "x86_64" else set()) == set(denied)
     for name, nr in denied.items():
         for args in ((0,) * 6, (1, 1, 0, 0, 0, 0), (0xFFFFFFFF,) * 6):
             assert bpf_run(prog, nr, arch, args) == EPERM, (name, args)
@@ -114,8 +115,12 @@ def test_the_program_filter_refuses_sockets_and_page_cache_queries_whatever_the_
         for flags in (0x8, 0x1, 0x80, 0x8 | (1 << 40)):  # RWF_NOWAIT, RWF_HIPRI, RWF_DONTCACHE, high bits ignored
             want = EPERM if flags & 0xFFFFFFFF else ALLOW
             assert bpf_run(prog, call, arch, (3, 0, 1, 0, 0, flags)) == want, flags
+    for flags, want in ((SIGCHLD, ALLOW), (THREAD_FLAGS, ALLOW), (0x01200011, ALLOW),  # fork, a thread, glibc's fork
+                        (0x1000 | SIGCHLD, EPERM), (0x1000 | THREAD_FLAGS, EPERM)):  # CLONE_PIDFD: a pidfd's inode
+        assert bpf_run(prog, CLONE[i], arch, (flags, 0, 0, 0, 0, 0)) == want, hex(flags)
     for name, nrs in {**COMMON, **PROGRAM_NEEDS}.items():
-        assert bpf_run(prog, nrs[i], arch) == ALLOW, name
+        if name != "clone":
+            assert bpf_run(prog, nrs[i], arch) == ALLOW, name
     assert bpf_run(prog, 39, arch, data_arch="aarch64" if arch == "x86_64" else "x86_64") == KILL
 
 
@@ -212,68 +217,79 @@ def test_the_kernel_applies_the_filter():
     assert len(got) == 21
 
 
-def test_ordinary_programs_still_run():
+def test_ordinary_programs_still_run_and_a_pipe_is_refused():
+    # Threads, fork and wait work. A pipe does not (its inode number comes from a counter of the whole machine:
+    # a test could move it for the next to read), so subprocess and multiprocessing fail with PermissionError.
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed")
     program = textwrap.dedent("""
         import multiprocessing, os, subprocess, sys, threading
         box = []
         t = threading.Thread(target=box.append, args=("thread",)); t.start(); t.join()
-        r = subprocess.run([sys.executable, "-c", "print('child')"], capture_output=True, text=True)
         pid = os.fork()
         if pid == 0:
             os._exit(7)
-        with multiprocessing.Pool(2) as pool:
-            squares = pool.map(abs, [-2, -3])
-        print(box[0], r.stdout.strip(), os.waitpid(pid, 0)[1] >> 8, squares)
+        refused = []
+        for attempt in (lambda: subprocess.run([sys.executable, "-c", "1"], capture_output=True),
+                        lambda: multiprocessing.Pool(2)):
+            try:
+                attempt()
+            except PermissionError as e:
+                refused.append(e.errno)
+        print(box[0], os.waitpid(pid, 0)[1] >> 8, refused)
     """)
     r = run_python(program, timeout_s=10)
     assert r.ok, r.stderr
-    assert r.stdout.split() == ["thread", "child", "7", "[2,", "3]"]
+    assert r.stdout.split() == ["thread", "7", "[1,", "1]"]
 
 
 # Every call the program filter refuses, made for real by the program (ctypes, arguments that would otherwise be
 # valid where cheap: a pipe's descriptor, a mapped page); each line prints "name errno". Then the calls a program
 # needs, which must still work.
 PROGRAM_PROBE = """
-import ctypes, mmap, os, platform
+import ctypes, mmap, os, platform, tempfile
 libc = ctypes.CDLL(None, use_errno=True)
 A = 0 if platform.machine() == "x86_64" else 1
 NRS = {nrs!r}
-r, w = os.pipe()
+f = tempfile.TemporaryFile()
+r = f.fileno()
 page = mmap.mmap(-1, 4096)
 addr = ctypes.addressof(ctypes.c_char.from_buffer(page))
 vec = ctypes.create_string_buffer(1)
 iov = (ctypes.c_void_p * 2)(ctypes.addressof(vec), 1)
 ARGS = {{"socket": (2, 1, 0), "socketpair": (1, 1, 0, ctypes.addressof(vec)), "mincore": (addr, 4096, addr),
         "fadvise64": (r, 0, 0, 4), "cachestat": (r, addr, addr, 0), "preadv2_nowait": (r, ctypes.addressof(iov), 1,
-        -1, 0, 8), "madvise_pageout": (addr, 4096, 21), "madvise_cold": (addr, 4096, 20)}}
+        -1, 0, 8), "madvise_pageout": (addr, 4096, 21), "madvise_cold": (addr, 4096, 20), "pipe": (addr,),
+        "pipe2": (addr, 0), "pidfd_open": (os.getpid(), 0), "sysinfo": (addr,)}}
 for name, nr in sorted(NRS.items()):
     ctypes.set_errno(0)
     rc = libc.syscall(ctypes.c_long(nr[A]), *[ctypes.c_long(a) for a in ARGS.get(name, (r, 0, 0, 0, 0, 0))])
     print(name, ctypes.get_errno() if rc == -1 else "ok")
 print("madvise_dontneed", libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(4096), 4))
-os.write(w, b"x")
-print("preadv_plain", os.preadv(r, [bytearray(1)], -1) if hasattr(os, "preadv") else 1)
+os.write(r, b"x")
+print("preadv_plain", os.preadv(r, [bytearray(1)], 0) if hasattr(os, "preadv") else 1)
 """
 
 
 def test_the_kernel_refuses_every_call_of_the_program_filter_with_eperm():
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed")
-    nrs = {name: nrs for name, nrs in {**seccomp.SOCKET_CALLS, **seccomp.RESIDENCY_CALLS}.items()}
+    calls = {**seccomp.SOCKET_CALLS, **seccomp.RESIDENCY_CALLS, **seccomp.COUNTER_CALLS}
+    nrs = {name: nrs for name, nrs in calls.items() if nrs[seccomp._ARCH_INDEX[seccomp.machine()]] is not None}
     nrs.update(preadv2_nowait=seccomp.PREADV2, madvise_pageout=seccomp.MADVISE, madvise_cold=seccomp.MADVISE)
     r = run_python(PROGRAM_PROBE.format(nrs=nrs), timeout_s=10)
     assert r.ok, r.stderr  # refused, not killed: the program went on to the end
     got = dict(line.split() for line in r.stdout.splitlines())
     assert got.pop("madvise_dontneed") == "0" and got.pop("preadv_plain") == "1"  # what malloc and os.preadv use
     assert got == {name: str(errno.EPERM) for name in nrs}, got
-    assert len(got) == 25
-    # the positive control: the same program unsandboxed makes most of these calls (a socket, mincore, a pageout)
+    assert len(got) == 25 + (4 if seccomp.machine() == "x86_64" else 3)
+    # the positive control: the same program unsandboxed makes most of these calls (a socket, mincore, a pageout,
+    # a pipe, a pidfd, sysinfo)
     with pytest.warns(sandbox.UnsafeSandboxWarning):
         free = run_python(PROGRAM_PROBE.format(nrs=nrs), timeout_s=10, unsafe_no_sandbox=True)
     free_got = dict(line.split() for line in free.stdout.splitlines())
     assert free_got["socket"] == free_got["mincore"] == free_got["madvise_pageout"] == "ok", free_got
+    assert free_got["pipe2"] == free_got["pidfd_open"] == free_got["sysinfo"] == "ok", free_got
 
 
 def test_the_zygote_keeps_its_socket_pair_and_the_program_has_none():
@@ -288,30 +304,27 @@ def test_the_zygote_keeps_its_socket_pair_and_the_program_has_none():
 
 
 ORDINARY = textwrap.dedent("""
-    import concurrent.futures, multiprocessing, subprocess, sys, threading
+    import os, sys, threading
     def square(x):
         return x * x
     if __name__ == "__main__":
         n = int(input())
         box = []
         t = threading.Thread(target=lambda: box.append(n + 1)); t.start(); t.join()
-        child = subprocess.run([sys.executable, "-c", "print(int(input()) * 2)"], input=str(n), capture_output=True,
-                               text=True, check=True)
-        with multiprocessing.Pool(2) as pool:
-            pooled = sum(pool.map(square, range(n)))
-        with concurrent.futures.ProcessPoolExecutor(2) as ex:
-            executed = sum(ex.map(square, range(n)))
-        print(box[0], child.stdout.strip(), pooled, executed)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(2 * n)
+        child = os.waitpid(pid, 0)[1] >> 8
+        print(box[0], child, sum(map(square, range(n))))
 """)
 
 
-def test_threads_subprocess_pool_and_process_pool_executor_still_score_full_marks():
+def test_threads_and_fork_still_score_full_marks():
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed")
     from klear_lib.rewards.code import MODES, score_code
 
-    tests = [{"input": f"{n}\n", "output": f"{n + 1} {2 * n} {sum(x * x for x in range(n))} "
-                                          f"{sum(x * x for x in range(n))}"} for n in (3, 5)]
+    tests = [{"input": f"{n}\n", "output": f"{n + 1} {2 * n} {sum(x * x for x in range(n))}"} for n in (3, 5)]
     response = f"<think>plan</think>\n```python\n{ORDINARY}\n```\n"
     r = score_code(response, tests, mode="signed", timeout_s=10.0)
     assert (r.passed, r.total, r.score) == (2, 2, 1.0), r

@@ -14,23 +14,26 @@ What the program sees, default deny (see `_bwrap_argv` and `sandbox_root`):
     /                  an empty, read-only tmpfs holding only the interpreter binary, its stdlib (read-only;
                        site-packages, test and config-* hidden), the libraries it maps, file by file, and the
                        loader's symlinks: no /home, /root, /etc, /run (no host sockets), repository or data; all of
-                       it read into the page cache once per process before a first sample (`warm_page_cache`)
+                       it locked in the page cache once per process before a first sample (`resident_files`)
     /tmp               private, size-limited tmpfs; the working directory; holds main.py (read-only)
     /dev               minimal devices, read-only; /dev/shm a size-limited tmpfs (multiprocessing needs it)
     /proc              a new procfs showing only the sandbox's own PID namespace, the zygote's entry (/proc/1)
-                       hidden under an empty read-only tmpfs: its counters grow with what tests print
+                       hidden under an empty read-only tmpfs (its counters grow with what tests print), and every
+                       global file or directory of the kernel masked (`_proc_mask_argv`: /proc/stat, loadavg, sys)
     network            a new, empty network namespace (its loopback is not the host's)
     syscalls           a seccomp filter (`seccomp`): no namespaces, ptrace, mount, keyring, bpf, perf, modules,
                        io_uring, sockets but unix ones, ...: EPERM, in root and non-root mode alike; and a second
                        one each test stacks before the program runs: no socket of any family, no page-cache
-                       query or eviction (mincore, cachestat, preadv2's flags, fadvise, madvise's PAGEOUT/COLD)
+                       query or eviction (mincore, cachestat, preadv2's flags, fadvise, madvise's PAGEOUT/COLD),
+                       no pipe, pidfd or sysinfo (counters of the whole machine)
 
 Issue 45 (channels from test k to test k+1 and from one sample of a group to the next): no socket means none of
 the network namespace's counters moves (/proc/net/snmp, snmp6, netstat, dev, IPv6 flow labels) and no socket
-cookie (a counter of the whole kernel) is drawn; with every shown file resident and the residency calls refused,
-the page cache tells a sample nothing an earlier one did. The wall clock and the machine-wide counters every
-process moves remain: docs/sandbox_security.md has each claim with the test that proves it, and the residuals
-with their measured bandwidth.
+cookie (a counter of the whole kernel) is drawn; with every shown file locked in memory and the residency calls
+refused, the page cache tells a sample nothing an earlier one did, whatever the host evicts; no pipe, pidfd,
+sysinfo or global /proc file means no counter of the machine a program can move. The wall clock remains:
+docs/sandbox_security.md has each claim with the test that proves it, and the residuals with their measured
+bandwidth.
 
 Limits. Per test: `timeout_s` seconds of CPU time, counted over all the test's processes (so a busy machine
 slows a test without failing it), and a wall-clock backstop of `wall_limit_s(timeout_s)` for a test that waits;
@@ -80,6 +83,7 @@ import os
 import random
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -91,7 +95,7 @@ from pathlib import Path
 
 from klear_lib.rewards import sandbox_cgroup, sandbox_json, sandbox_zygote, seccomp
 from klear_lib.rewards.sandbox_exec import SANDBOX_ENV, Killer, Raw, execute
-from klear_lib.rewards.sandbox_root import interpreter_files, is_under, root_argv, warm_page_cache
+from klear_lib.rewards.sandbox_root import interpreter_files, is_under, resident_files, root_argv
 
 UNSAFE_ENV_VAR = "KLEAR_UNSAFE_NO_SANDBOX"
 UNCOUNTED_ENV_VAR = "KLEAR_SANDBOX_ALLOW_NO_CGROUP"  # training's opt-in to a sandbox without a cgroup
@@ -233,7 +237,7 @@ def run_python_tests(
     job.update(sandboxed=True, path=PROGRAM_PATH, clean=["/tmp", "/dev/shm"], stdin_dir="/tmp",
                uid=random.SystemRandom().randrange(*SANDBOX_UID_RANGE) if root else -1,
                program_filter=_seccomp_filter(program=True))  # each test's process stacks it (`seccomp`)
-    warm_page_cache(python)  # every file the sandbox shows in memory: residency says nothing (once per process)
+    resident_files(python).refresh()  # every file the sandbox shows stays in memory: residency says nothing
     try:
         cgroup = sandbox_cgroup.open_sample(job["mem_cap"])
     except sandbox_cgroup.CgroupError as e:
@@ -480,11 +484,40 @@ def _bwrap_argv(bwrap: str, python: str, code_fd: int, filter_fd: int, status_fd
     # every output it reads, and /proc/<pid>/stat shows them to any uid, so a test could read what the previous
     # one printed. An empty read-only tmpfs over /proc/1 (the zygote is pid 1 for the sandbox's whole life).
     argv += ["--perms", "0555", "--size", "4096", "--tmpfs", "/proc/1", "--remount-ro", "/proc/1"]
+    argv += list(_proc_mask_argv())
     argv += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     argv += ["--perms", "1777", "--size", str(tmpfs_bytes + stdin_room), "--tmpfs", "/tmp"]  # stdin lives there too
     argv += ["--perms", "0444", "--file", str(code_fd), PROGRAM_PATH, "--remount-ro", "/", "--chdir", "/tmp"]
     argv += ["--clearenv", *[a for k, v in SANDBOX_ENV.items() for a in ("--setenv", k, v)], "--"]
     return argv
+
+
+# What /proc keeps besides the processes' own directories: the links to them, and the sandbox's own IPC namespace.
+PROC_KEPT = ("self", "thread-self", "mounts", "net", "sysvipc")
+
+
+@functools.lru_cache(maxsize=1)
+def _proc_mask_argv() -> tuple[str, ...]:
+    """Every other top-level entry of /proc masked: a file by /dev/null, a directory by an empty read-only tmpfs.
+    They are the kernel's, not the sandbox's: counters every process on the machine moves and any can read
+    (/proc/stat's fork count, loadavg's last pid, vmstat, meminfo, /proc/sys/fs's file and dentry counts, ...),
+    which a test could move for the next one to read (/proc/stat carried a count exactly from one test to the
+    next). Default deny: what a later kernel adds is masked too. Listed from the host's /proc, which shows the same
+    kernel's entries."""
+    argv: list[str] = []
+    for name in sorted(os.listdir("/proc")):
+        if name.isdigit() or name in PROC_KEPT:
+            continue
+        path = f"/proc/{name}"
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            argv += ["--perms", "0555", "--size", "4096", "--tmpfs", path, "--remount-ro", path]
+        elif stat.S_ISREG(st.st_mode):
+            argv += ["--ro-bind", "/dev/null", path]
+    return tuple(argv)
 
 
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")  # what bwrap's --dev binds from the host

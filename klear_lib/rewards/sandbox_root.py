@@ -23,14 +23,19 @@ Symlinks on the way to any of these are recreated as symlinks, so a path resolve
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import functools
 import json
+import mmap
 import os
+import resource
 import stat
 import struct
 import subprocess
 import time
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 
 # Run by the interpreter being sandboxed (stdlib only, no site): load every extension module it ships, then say
 # what is mapped. The JSON is the last line, in case a module prints something while loading.
@@ -129,38 +134,138 @@ def _small(d: str) -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=8)
-def warm_page_cache(python: str) -> tuple[int, int, float]:
-    """Read every file the sandbox shows for `python` (a real path) once, so that all of them are in the page
-    cache before a first test: whether a page is resident then says nothing a program did (a sample that read
-    some files, for the next one to find them fast, finds every file fast). Once per process (a pool worker
-    warms before its first sample); (files, bytes, seconds). The program cannot take pages out again (the
-    program's seccomp filter refuses fadvise, madvise's COLD and PAGEOUT, preadv2's flags: `seccomp`)."""
+PAGE = mmap.PAGESIZE
+
+
+@dataclass
+class ResidentFiles:
+    """Every file the sandbox shows for one interpreter, mapped into this process and, where the kernel allows it,
+    locked in memory (`mlock`): a locked page stays in the page cache whatever the host does (memory pressure, a
+    proactive reclaimer such as DAMON's pageout, which ran on the project's machine and took pages out between
+    samples: a sample's reads were then visible to the next one). `pinned`: all of them locked; otherwise `why`,
+    and `refresh` reads back, before each sample, whatever the host took out."""
+    files: int
+    bytes: int
+    seconds: float
+    pinned: bool
+    why: str = ""
+    maps: list = field(default_factory=list, repr=False)  # (address, length) of each mapping, kept for life
+
+    def refresh(self) -> int:
+        """Read back every page of a shown file that is no longer resident (only when not `pinned`); how many."""
+        if self.pinned:
+            return 0
+        libc = _libc()
+        vec = ctypes.create_string_buffer(1 << 16)
+        back = 0
+        for addr, length in self.maps:
+            pages = -(-length // PAGE)
+            for first in range(0, pages, len(vec)):
+                n = min(len(vec), pages - first)
+                if libc.mincore(addr + first * PAGE, min(length - first * PAGE, n * PAGE), vec) != 0:
+                    continue
+                for i, b in enumerate(vec.raw[:n]):
+                    if not b & 1:
+                        ctypes.string_at(addr + (first + i) * PAGE, 1)  # the fault reads the page back in
+                        back += 1
+        return back
+
+    def release(self) -> None:
+        """Unmap every file (which unlocks it); the pages stay cached until the kernel wants the memory. For tests,
+        and for a process done with the sandbox (then also `resident_files.cache_clear()`)."""
+        libc = _libc()
+        for addr, length in self.maps:
+            libc.munmap(addr, length)
+        self.maps.clear()
+        self.pinned = False
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mlock.argtypes = libc.munlock.argtypes = libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    return libc
+
+
+def _shown_paths(python: str) -> list[str]:
     info = interpreter_files(python)
-    t0 = time.perf_counter()
-    buf = bytearray(1 << 20)
-    files = size = 0
     paths = list(info.files) + ([info.elf_interpreter] if info.elf_interpreter else [])
     for d in info.directories:
         for top, subdirs, names in os.walk(d):
             subdirs[:] = [s for s in subdirs if os.path.join(top, s) not in info.hidden]
             paths += [os.path.join(top, n) for n in names]
+    return paths
+
+
+def map_files(paths, *, lock: bool = True) -> ResidentFiles:
+    """Map each regular, non-empty file of `paths` read-only and shared, and with `lock` lock it in memory (all or
+    none: the first refusal unlocks what was locked, after one try at raising RLIMIT_MEMLOCK's soft limit to its
+    hard one); what was not locked is read in (`ResidentFiles.refresh`). Unreadable paths and symlinks are
+    skipped (a symlink's target is listed in its own right)."""
+    libc = _libc()
+    t0 = time.perf_counter()
+    out = ResidentFiles(0, 0, 0.0, pinned=lock, why="" if lock else "not asked to lock")
+    failed = 0
     for path in paths:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError:  # a symlink (its target is read in its own right), a file we may not read
+        except OSError:
             continue
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
                 continue
-            files += 1
-            while (n := os.readv(fd, [buf])) > 0:
-                size += n
-        except OSError:
-            pass
+            addr = libc.mmap(None, st.st_size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         finally:
             os.close(fd)
-    return files, size, time.perf_counter() - t0
+        if addr in (None, ctypes.c_void_p(-1).value):
+            continue
+        out.maps.append((addr, st.st_size))
+        out.files += 1
+        out.bytes += st.st_size
+        if lock and not failed and libc.mlock(addr, st.st_size) != 0:
+            failed = ctypes.get_errno()
+            soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+            if soft != hard:  # as far as we may, then once more
+                resource.setrlimit(resource.RLIMIT_MEMLOCK, (hard, hard))
+                failed = 0 if libc.mlock(addr, st.st_size) == 0 else ctypes.get_errno() or errno.ENOMEM
+    if failed:
+        for addr, length in out.maps:
+            libc.munlock(addr, length)
+        limit = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+        out.pinned = False
+        out.why = (f"mlock refused ({errno.errorcode.get(failed, failed)}; RLIMIT_MEMLOCK "
+                   f"{'unlimited' if limit == resource.RLIM_INFINITY else f'{limit >> 20} MiB'}, the files need "
+                   f"{-(-out.bytes >> 20)} MiB)")
+    out.refresh()  # what is not resident yet, read in (nothing when pinned: mlock faulted every page in)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def resident_files(python: str) -> ResidentFiles:
+    """Every file the sandbox shows for `python` (a real path), mapped and locked in memory once per process (a
+    pool worker does it before its first sample): whether a page is resident then says nothing a program did, in
+    this sample or an earlier one, whatever the host evicts. The program cannot take pages out either (its
+    seccomp filter refuses fadvise, madvise's COLD and PAGEOUT, preadv2's flags: `seccomp`). Where locking is
+    refused (a user without CAP_IPC_LOCK whose `ulimit -l` is below the files' size, about 120 MB), the files
+    stay mapped, `UnpinnedPageCacheWarning` says so once, and each sample starts with `refresh`: what the host
+    evicts during a sample can then still carry bits from one of its tests to the next."""
+    out = map_files(_shown_paths(python))
+    if not out.pinned:
+        warnings.warn(f"the sandbox could not pin the {out.files} files it shows in the page cache: {out.why}. "
+                      f"Each sample now reads back what the host evicted before it starts, but a page the host "
+                      f"evicts during a sample can carry bits from one of its tests to the next. Run as root, or "
+                      f"raise the memory-lock limit (`ulimit -l` of at least {(out.bytes >> 20) + 16} MiB; memlock "
+                      f"in /etc/security/limits.conf).", UnpinnedPageCacheWarning, stacklevel=2)
+    return out
+
+
+class UnpinnedPageCacheWarning(RuntimeWarning):
+    """The files the sandbox shows could not be locked in the page cache (`resident_files`)."""
 
 
 @functools.lru_cache(maxsize=8)

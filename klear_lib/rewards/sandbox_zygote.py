@@ -41,10 +41,11 @@ depend on its own forks only. If any of that fails, no further test runs: each r
 be reset. Each test's process reads its own test from its section of the job (this process never reads one), so no
 test holds another's input.
 
-What a test can still pass to the next: timing (its own duration, through every clock: about 8 bits a test),
-counters the kernel keeps for the whole machine rather than per namespace or filesystem (the inode numbers of
-pipes and pidfds, /proc/stat's fork count; no more sockets: each test's process stacks the program's seccomp
-filter, `_ProgramFilter`, which refuses every socket call; docs/sandbox_security.md). Not this process's
+What a test can still pass to the next: timing (its own duration, through every clock: about 8 bits a test).
+Not the counters the kernel keeps for the whole machine: each test's process stacks the program's seccomp filter
+(`_ProgramFilter`), which refuses every socket call, pipes and pidfds (their inode numbers are counters of the
+machine) and sysinfo, and the host masks /proc's global files (/proc/stat's fork count, loadavg, /proc/sys);
+docs/sandbox_security.md. Not this process's
 memory, where every test's output passes: tests are forked by a process that never sees one (`_Forker`); nor this
 process's counters (page faults, resident size, context switches grow with every output it reads): the host
 hides /proc/1.

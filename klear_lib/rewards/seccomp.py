@@ -34,17 +34,21 @@ the arguments:
     namespace's counters moves (/proc/net/snmp, snmp6, netstat, dev, sockstat), no IPv6 flow label is chosen,
     and no socket cookie (a counter of the whole kernel: SO_COOKIE, socket diagnostics) is drawn. Before
     (issue 45), tests of one sample passed 768 bits through flow labels and counts through the counters, and
-    the second sample of a group read the first one's bits from the cookie counter. The standard library keeps
-    its pipes (multiprocessing.Pool, ProcessPoolExecutor, subprocess); what needs a socket pair stops working:
-    asyncio's event loop, multiprocessing.Pipe() (duplex) and managers.
+    the second sample of a group read the first one's bits from the cookie counter. What needs a socket pair
+    stops working: asyncio's event loop, multiprocessing.Pipe() (duplex) and managers.
+    the counters of the whole machine a program could move (`COUNTER_CALLS`: pipe, pipe2, pidfd_open, sysinfo;
+    clone with CLONE_PIDFD). pipefs numbers pipe inodes from one counter of the machine, pidfs every pid the
+    kernel allocates: before, a count arrived exactly from one test to the next, and the pidfd probe's second
+    sample of a group scored full marks. subprocess and multiprocessing stop working (they need pipes); threads
+    and fork do not.
     the page cache's residency, asked or changed (`RESIDENCY_CALLS`: mincore, cachestat, fadvise64,
     process_madvise; madvise with MADV_COLD or MADV_PAGEOUT; preadv2/pwritev2 with any flag, RWF_NOWAIT and
-    RWF_DONTCACHE among them). The files the sandbox shows are all read into memory before its first test
-    (`sandbox_root.warm_page_cache`), so their residency says nothing, and with these refused no program can
+    RWF_DONTCACHE among them). The files the sandbox shows are all locked in memory before its first test
+    (`sandbox_root.resident_files`), so their residency says nothing, and with these refused no program can
     take a page back out of it for the next sample to find missing.
 
 The stacked program's layout: arch check, then one comparison per refused number, then the argument checks of
-madvise and preadv2/pwritev2.
+madvise, clone and preadv2/pwritev2.
 
 `fixed_sigchld` is for a sandbox whose CPU time is summed from /proc (no cgroup counter): a child whose parent
 ignores SIGCHLD (or sets SA_NOCLDWAIT) is reaped by the kernel and its CPU time is added to no process, so ten
@@ -110,6 +114,13 @@ SOCKET_CALLS: dict[str, tuple[int, int]] = {
 RESIDENCY_CALLS: dict[str, tuple[int, int]] = {
     "mincore": (27, 232), "cachestat": (451, 451), "fadvise64": (221, 223), "process_madvise": (440, 440),
 }
+# Kernel-wide counters a program could move for a later one to read (aarch64 has no `pipe`, only `pipe2`): a pipe's
+# inode number (pipefs numbers inodes from one counter of the whole machine), a pidfd's (pidfs numbers every pid
+# the kernel allocates), sysinfo's process count and load.
+COUNTER_CALLS: dict[str, tuple[int | None, int | None]] = {
+    "pipe": (22, None), "pipe2": (293, 59), "pidfd_open": (434, 434), "sysinfo": (99, 179),
+}
+CLONE_PIDFD = 0x1000  # clone's own way to a pidfd (clone3 is ENOSYS for everyone)
 MADVISE, PREADV2, PWRITEV2 = (28, 233), (327, 286), (328, 287)
 MADV_COLD, MADV_PAGEOUT = 20, 21  # deactivate, reclaim: a file's pages out of the cache
 # Filtered by argument: (x86_64, aarch64).
@@ -158,7 +169,8 @@ def program_denied_syscalls(arch: str | None = None) -> dict[str, int]:
     """Name -> number of every syscall `build_program_filter` refuses outright on `arch` (default: this
     machine)."""
     i = _ARCH_INDEX[arch or machine()]
-    return {name: nrs[i] for name, nrs in {**SOCKET_CALLS, **RESIDENCY_CALLS}.items()}
+    calls = {**SOCKET_CALLS, **RESIDENCY_CALLS, **COUNTER_CALLS}
+    return {name: nrs[i] for name, nrs in calls.items() if nrs[i] is not None}
 
 
 def build_program_filter(arch: str | None = None) -> bytes:
@@ -171,6 +183,7 @@ def build_program_filter(arch: str | None = None) -> bytes:
         (JEQ, AUDIT_ARCH[arch], None, "kill"),
         (LD_W_ABS, NR, None, None),
         (JEQ, MADVISE[i], "madvise", None),
+        (JEQ, CLONE[i], "clone", None),
         (JEQ, PREADV2[i], "rwf", None),
         (JEQ, PWRITEV2[i], "rwf", None),
     ]
@@ -178,6 +191,8 @@ def build_program_filter(arch: str | None = None) -> bytes:
     prog += [(RET, RET_ALLOW, None, None)]
     labels = {"madvise": len(prog)}
     prog += [(LD_W_ABS, ARG2, None, None), (JEQ, MADV_COLD, "eperm", None), (JEQ, MADV_PAGEOUT, "eperm", "allow")]
+    labels["clone"] = len(prog)
+    prog += [(LD_W_ABS, ARG0, None, None), (JSET, CLONE_PIDFD, "eperm", "allow")]
     labels["rwf"] = len(prog)
     prog += [(LD_W_ABS, ARG5, None, None), (JEQ, 0, "allow", "eperm")]  # preadv2/pwritev2: no flag at all
     return _finish(prog, labels)
