@@ -285,7 +285,7 @@ print(f"ppo_clip clips {ppo_clip_fork:.1%} of the fork tokens; gppo keeps the gr
 # Per run: the area under the fork probe over the rollouts (its mean level; the declared primary read-out), the
 # rest probe's area, and the held-out accuracy after the last rollout (fork problems, the rest); beside them, the
 # seed's start. Each claim is a paired difference at the same seed (the same start); a secondary is Holm-adjusted
-# with the notebook's other secondaries (the final fork accuracy, the step-size control, CISPO).
+# with the notebook's other secondaries (the final fork accuracy, the step-size control, CISPO, the entropy).
 
 # %%
 pr = df.dropna(subset=["klear/p_correct_fork"])
@@ -324,6 +324,7 @@ secondaries = {  # claim id -> (the other arm, the read-out); each made where it
     "gppo_vs_ppo_clip.final_fork": ("ppo_clip", "final_fork"),
     "gppo_vs_ppo_clip_2x_lr.probe_auc": ("ppo_clip_2x_lr", "probe_auc"),
     "gppo_vs_cispo.probe_auc": ("cispo", "probe_auc"),
+    "gppo_vs_ppo_clip.entropy": ("ppo_clip", "entropy"),
 }
 for k, (cid, (other, col)) in enumerate((c, v) for c, v in secondaries.items() if c in DECLARED):
     claim_list.insert(1 + k, claims.declared_claim(DECLARED, cid, by_seed("gppo", col), by_seed(other, col)))

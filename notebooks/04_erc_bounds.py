@@ -21,11 +21,12 @@
 # largest rollout-to-rollout jump of the mean policy entropy (ERC lower; partly ERC's own bound read back), and the
 # paper's second integration, **ERC on GPPO** (`gppo_erc_0.8_1.2` − `gppo`, the same rest-probe area; GPPO with
 # DAPO's clip 0.2/0.28 and β 1, so the pair differs from the DAPO pair in the loss alone, and without a random-mask
-# or half-lr control of its own). With k secondaries at n seeds the smallest Holm-adjusted sign-flip p is
+# or half-lr control of its own), and the paper's own accuracy read-out, the held-out accuracy off the forks after
+# the last rollout. With k secondaries at n seeds the smallest Holm-adjusted sign-flip p is
 # k · 2^-(n-1): six seeds decide one (3.1% ≤ 5%), seven decide three (4.7%), eight five (3.9%). The `tiny` preset
-# makes three (the random mask, the entropy jump, ERC on GPPO) and shows the gradient-norm fluctuation without
-# testing it; the `gpu` preset makes all five. The report lists the declared claims a run did not test, with what
-# they need.
+# makes five (the random mask, the entropy jump, ERC on GPPO, the gradient-norm fluctuation and the held-out
+# accuracy off the forks after RL, the last two declared on 2026-12-07); the `gpu` preset adds half the learning
+# rate. The report lists the declared claims a run did not test, with what they need.
 #
 # **Why controls.** Stopping the gradient of some tokens while keeping them in the denominator shrinks the update
 # whatever the criterion. So ERC is compared with **DAPO plus a random token mask matched to where ERC stops**: in
@@ -39,10 +40,11 @@
 # reused from the cache when 03 ran into the same output root), so the interval covers how the effect moves between
 # starts, not only between RL seeds around one start; a check asks that every start learned its teacher.
 #
-# **A noise-floor probe.** The paper computes old entropies in its inference engine and new ones in training, in
-# bf16; two passes that disagree by rounding give ρ ≠ 1 with no policy change at all. The probe measures, on one
-# on-policy batch, what ERC would stop when the old entropies come from a bf16 pass or a differently chunked fp32
-# pass. This project computes both in fp32 with the same code, so it has no such floor; the probe says how much
+# **A noise-floor probe.** The released code computes the old entropies in the trainer's old-log-prob pass (the
+# training engine, before the updates; not the inference engine: `docs/reference.md` §3) and the new ones in each
+# update's forward pass, in bf16 at scale; two passes that disagree by rounding give ρ ≠ 1 with no policy change at
+# all. The probe measures, on one on-policy batch, what ERC would stop when the old entropies come from a bf16 pass
+# or a differently chunked fp32 pass. This project computes both in fp32 with the same code, so it has no such floor; the probe says how much
 # of a "≈20% of tokens" such noise could be on this model.
 #
 # **What the tiny stand-in can and cannot show.** It can show whether ERC's criterion adds anything over a matched
@@ -56,7 +58,7 @@
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
 arms = "dapo,dapo_erc_0.8_1.2,dapo_random_mask,gppo,gppo_erc_0.8_1.2"  # + dapo_half_lr where the seeds decide it
 seeds = "0,1,2,3,4,5,6,7,8,9,10,11,12,13"
-grad_norm_claim = False                        # test the gradient-norm fluctuation as a secondary (else shown only)
+grad_norm_claim = True                         # test the gradient-norm fluctuation as a secondary (else shown only)
 entropy_claim = True                           # test the largest per-rollout entropy jump as a secondary
 model = "tiny"
 n_train = 6000
@@ -289,6 +291,7 @@ for cid, (a, b, col) in {"erc_vs_random_mask.rest_probe_auc": (ERC, "dapo_random
                          "erc_vs_half_lr.rest_probe_auc": (ERC, "dapo_half_lr", "rest_probe_auc"),
                          "erc_vs_dapo.grad_norm_cv": (ERC, "dapo", "grad_norm_cv"),
                          "erc_vs_dapo.entropy_stability": (ERC, "dapo", "max_entropy_jump"),
+                         "erc_vs_dapo.final_rest": (ERC, "dapo", "final_rest"),
                          "erc_on_gppo_vs_gppo.rest_probe_auc": (GPPO_ERC, "gppo", "rest_probe_auc")}.items():
     if cid in DECLARED:
         claim_list.append(claims.declared_claim(DECLARED, cid, by_seed(a, col), by_seed(b, col)))
