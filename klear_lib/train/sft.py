@@ -14,6 +14,7 @@ weights, AdamW state in fp32) with bf16 autocast where ``bf16`` is set, unless `
 from __future__ import annotations
 
 import importlib.util
+import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,11 @@ class SFTStageConfig:
     resolution round away: most of them at lr 1e-6)."""
     use_unsloth: bool = False
     """Load the start model with unsloth (opt-in; one CUDA GPU and unsloth's own environment, docs/scale.md)."""
+    length_grouped: bool = True
+    """Batches of samples of similar length (transformers' length-grouped sampler: mega-batches of 50 batches, each
+    sorted by length, in a seeded random order; every sample once per epoch). On the tiny task's SFT the padding fell
+    from 29% of the tokens to 1% and the CPU time per step by about 30% (issue 46). False: random batches, as before
+    2026-12-07. Either way ``run_sft`` writes the padding share to ``<output_dir>/sft_tokens.json``."""
     gradient_checkpointing: bool | None = None
     """Recompute activations in the backward pass (TRL's default: on). ``None``: on where the model trains on a GPU,
     off with ``use_cpu``, where memory is not what limits a run and the recomputation costs a quarter of the step
@@ -76,6 +82,8 @@ class SFTStageConfig:
         models.weights_dtype(self.weights_dtype, where="SFTStageConfig.weights_dtype")
         if not isinstance(self.use_unsloth, bool):
             raise TypeError(f"SFTStageConfig.use_unsloth must be true or false, got {self.use_unsloth!r}")
+        if not isinstance(self.length_grouped, bool):
+            raise TypeError(f"SFTStageConfig.length_grouped must be true or false, got {self.length_grouped!r}")
 
     @classmethod
     def from_experiment(cls, cfg, **changes) -> "SFTStageConfig":
@@ -179,6 +187,7 @@ def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: 
         disable_tqdm=True,
         dataloader_num_workers=0,
         gradient_checkpointing=checkpointing(cfg),
+        train_sampling_strategy="group_by_length" if cfg.length_grouped else "random",
         **tracker_names(tracked),
     )
 
@@ -188,12 +197,48 @@ def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: 
         )
         trainer.remove_callback(PrinterCallback)  # TRL prints a dict per log step when tqdm is off
         add_hparams(trainer, cfg, args.report_to)  # TensorBoard: the resolved config as hparams
+        counter = trainer.data_collator = TokenCounter(trainer.data_collator)
         last = get_last_checkpoint(str(output_dir)) if cfg.resume and output_dir.exists() else None
         trainer.train(resume_from_checkpoint=last)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / SFT_TOKENS_FILE).write_text(json.dumps(
+        {**counter.stats(), "sampling": args.train_sampling_strategy, "resumed_from": last}, indent=2) + "\n")
     final = output_dir / "final"
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
     return trainer.model
+
+
+SFT_TOKENS_FILE = "sft_tokens.json"  # beside an SFT run's checkpoints: its batches' tokens and padding share
+
+
+class TokenCounter:
+    """Wraps a data collator and counts, over the batches it makes, the samples, the tokens the model attends to and
+    the positions of the padded batches (``attention_mask``; a batch without one is padding-free, all tokens real).
+    ``stats()``: what ``run_sft`` writes to ``sft_tokens.json`` (since a resume, only the batches after it)."""
+
+    def __init__(self, collate):
+        self.collate, self.samples, self.tokens, self.positions = collate, 0, 0, 0
+
+    def __call__(self, examples):
+        batch = self.collate(examples)
+        mask = batch.get("attention_mask") if hasattr(batch, "get") else None
+        ids = batch["input_ids"]
+        self.samples += len(examples)
+        self.tokens += int(mask.sum()) if mask is not None else ids.numel()
+        self.positions += ids.numel()
+        return batch
+
+    def stats(self) -> dict:
+        share = 1.0 - self.tokens / self.positions if self.positions else 0.0
+        return {"samples": self.samples, "tokens": self.tokens, "positions": self.positions,
+                "padding_share": round(share, 6)}
+
+
+def sft_token_stats(output_dir: str | Path) -> dict | None:
+    """What ``run_sft`` recorded of its batches in ``output_dir`` (``TokenCounter.stats``), or None."""
+    path = Path(output_dir) / SFT_TOKENS_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def chat_rows(samples: list) -> list[dict]:
@@ -316,7 +361,8 @@ def arithmetic_warm_start(cfg, out_dir: str | Path, *, cache_root: str | Path | 
         start.update(fork_probe(model, tokenizer, facts))
     out_dir.mkdir(parents=True, exist_ok=True)
     runs.write_atomic(out_dir / "sft_start.json", runs.to_json_text(
-        {"key": key, "model_dir": str(final), "start": start}, "sft_start", indent=2) + "\n")
+        {"key": key, "model_dir": str(final), "start": start, "sft_tokens": sft_token_stats(Path(final).parent)},
+        "sft_start", indent=2) + "\n")
     parts = "".join(f", {k.removeprefix('avg_at_n_')} {start[k]:.3f}" for k in ("avg_at_n_fork", "avg_at_n_rest")
                     if k in start)
     probe = f", p(right digit at the forks) {start['p_correct_fork']:.3f}" if "p_correct_fork" in start else ""

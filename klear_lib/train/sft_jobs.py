@@ -57,7 +57,7 @@ def sft_unit(*, start: str, data: str, stage: dict, problems: list[dict], evalua
     ``evaluate_heldout``'s keywords in ``evaluation``. Writes one record (``tags``, ``data_stats``, ``eval/*``) and
     returns it. The fine-tuned model is deleted: the numbers are kept, not one model per arm and seed."""
     from klear_lib.evaluation.heldout import evaluate_heldout
-    from klear_lib.train.sft import SFTStageConfig, sft_from
+    from klear_lib.train.sft import SFTStageConfig, sft_from, sft_token_stats
 
     cfg = SFTStageConfig(**stage)
     samples = read_samples(data)
@@ -67,8 +67,10 @@ def sft_unit(*, start: str, data: str, stage: dict, problems: list[dict], evalua
                           tracking_dir=unit_tracking_dir(metrics_path, cfg.report_to))
     result = evaluate_heldout(model, tok, [Problem(**{**p, "operands": tuple(p["operands"])}) for p in problems],
                               **evaluation)
+    tokens = sft_token_stats(out) or {}
     shutil.rmtree(out, ignore_errors=True)
-    record = {**tags, **data_stats(samples), **evaluation_record(result)}
+    record = {**tags, **data_stats(samples), **evaluation_record(result),
+              **({"sft/padding_share": tokens["padding_share"]} if "padding_share" in tokens else {})}
     with runs.MetricsWriter(metrics_path) as writer:
         writer.write(record)
     return record
@@ -135,6 +137,9 @@ def base_model(cfg, corpus: list[str], samples: list[dict], stage, *, cache_root
         final = Path(out_dir) / "final"
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs.write_atomic(out_dir / "base.json", json.dumps({"key": key, "model_dir": str(final)}, indent=2) + "\n")
+    from klear_lib.train.sft import sft_token_stats
+
+    runs.write_atomic(out_dir / "base.json", json.dumps(
+        {"key": key, "model_dir": str(final), "sft_tokens": sft_token_stats(Path(final).parent)}, indent=2) + "\n")
     runs.set_seed(cfg.seed)
     return final
