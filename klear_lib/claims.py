@@ -31,7 +31,25 @@ effect (the same comparison with volume, step size or the number of stopped toke
 ``control_of: <the primary's id>``: the report then reads a reproduced primary beside a reversed control as the
 paper's direction without the paper's explanation. Every claim carries its ``mde``: the smallest effect the run
 had 80% power to detect at its seeds and measured paired sd (``mde``: the t-test's normal-theory formula, and
-from 6 to 15 seeds the whole rule's simulated value).
+from 6 to 15 seeds the whole rule's simulated value). A check may declare ``guards: [claim ids]`` (claims of the
+same file): where it fails, the report marks each of those verdicts as not to be trusted. Beside the tested claims a
+notebook may list the paper's claims it does not test at all, with why (``params/<notebook>/not_tested.yaml``,
+``load_not_tested``).
+
+Differences without spread. Where every paired difference is the same non-zero value (a read-out that moves in
+steps, e.g. avg@4 of one question), the t statistic is x/0: the t-test has no noise to measure the effect against.
+The rule then takes the sign-flip test's p as ``p_t`` (``paired_t``): 2^(1-n), so below 6 seeds (0.25, 0.125,
+0.0625 at 3, 4, 5) such a claim is never decided, and from 6 seeds the rule gives what it gave before (its p was
+already the sign-flip p there). The interval is the sign-flip test's, inverted: below 6 seeds it excludes no mean,
+and is shown as ``mean ± |mean|`` (the narrowest interval about the mean that holds 0, which the test cannot
+exclude; a display convention, not a 95% interval); from 6 seeds every other mean is excluded, ``[mean, mean]``.
+Such a claim's MDE is null (no spread: the formula's 0 would say anything is detectable). Continuous null data
+never lose their spread, so the false-positive rate measured in tests/test_claims.py is unchanged; on read-outs
+in steps the rule now holds its 5% at 3-5 seeds (tested), where the old zero-spread branch decided every such tie.
+
+What the report reads from a claim, computed here (``repeat_probability``, ``split_half_power``,
+``familywise_rate``): the chance that a rerun repeats a decided verdict, the power of the split-half check, and the
+chance that k claims held to α give at least one verdict by chance.
 """
 
 from __future__ import annotations
@@ -56,9 +74,9 @@ BASE_FIELDS = ("id", "claim", "source", "metric", "role", "effect", "seeds", "ve
 PAIRED_FIELDS = ("ci_low", "ci_high", "p_value", "p_t", "p_sign", "sd", "mde", "per_seed", "direction")
 CLAIM_FIELDS = BASE_FIELDS + PAIRED_FIELDS  # a primary or secondary claim (and a paired check)
 OPTIONAL_FIELDS = ("note", "notebook", "scope", "p_adjusted", "expect", "outcome", "arms", "preset", "criterion",
-                   "undetectable", "block_z", "control_of")
+                   "undetectable", "block_z", "control_of", "guards", "tied_at")
 DECLARED_FIELDS = ("id", "role", "claim", "source", "metric", "direction", "scope")
-DECLARED_OPTIONAL = ("expect", "arms", "requires", "control_of")
+DECLARED_OPTIONAL = ("expect", "arms", "requires", "control_of", "guards")
 
 
 # -- Student's t distribution -----------------------------------------------------------------------------------
@@ -141,7 +159,10 @@ def paired_t(diffs: Sequence[float], *, level: float = 1 - ALPHA, scale: float =
     """Mean, sd (n-1), the paired Student-t interval at ``level`` and the two-sided p-value of "mean = 0".
     ``scale``: the read-outs' magnitude (``paired_claim``: the largest |value| of either arm). When every difference
     is within ``ROUNDING_TOLERANCE`` of ``max(scale, 1e-300)`` the arms are the same to the float: p is 1 (the mean
-    is reported as it is). Otherwise all differences equal: the interval is that value, p is 0 (p 1 at 0)."""
+    is reported as it is). Otherwise, when all differences are equal (no spread: t would be x/0), p is the sign-flip
+    test's (``sign_flip_p``: 2^(1-n)), and the interval that test's, inverted: where 2^(1-n) is above 1 - ``level``
+    it excludes no mean and is shown as ``mean ± |mean|`` (it holds 0; not a coverage interval), else it is
+    ``[mean, mean]`` (the module's docstring: "Differences without spread")."""
     d = _clean(diffs)
     n = len(d)
     mean = float(np.mean(d))
@@ -151,7 +172,11 @@ def paired_t(diffs: Sequence[float], *, level: float = 1 - ALPHA, scale: float =
     if float(np.max(np.abs(d))) <= ROUNDING_TOLERANCE * max(abs(float(scale)), 1e-300):
         return {"mean": mean, "sd": sd, "ci_low": float(np.min(d)), "ci_high": float(np.max(d)), "p": 1.0}
     if sd <= 1e-15 * max(1.0, abs(mean)):
-        return {"mean": mean, "sd": 0.0, "ci_low": mean, "ci_high": mean, "p": 0.0 if mean != 0 else 1.0}
+        if mean == 0:
+            return {"mean": mean, "sd": 0.0, "ci_low": mean, "ci_high": mean, "p": 1.0}
+        p = sign_flip_p(d)
+        half = abs(mean) if p > 1 - level else 0.0
+        return {"mean": mean, "sd": 0.0, "ci_low": mean - half, "ci_high": mean + half, "p": p}
     se = sd / math.sqrt(n)
     half = t_quantile((1 + level) / 2, n - 1) * se
     p = min(1.0, 2.0 * t_sf(abs(mean) / se, n - 1))
@@ -204,13 +229,19 @@ RULE_MDE = {
 }
 
 
+SPLIT_HALF_LIMIT = 3.0  # |split-half z| at or above this flags a run: 0.27% of runs under the rule's assumptions
+
+
 def block_z(diffs: Sequence[float]) -> float | None:
-    """The replication check of a paired claim (a check, never the verdict): the seeds, in their order, split into
-    two blocks (the first ceil(n/2), the rest), and the z of the difference between the two blocks' mean effects.
-    The pooled within-block t statistic (n - 2 degrees of freedom) is mapped through its distribution onto the
-    standard normal, so that under the rule's assumptions (independent, normal paired differences) z is exactly
-    N(0, 1); |z| >= 3 (0.27% under them) says the two halves of the run disagree more than seed noise explains.
-    None below 4 seeds or without spread inside the blocks."""
+    """The split-half z of a paired claim, recorded as ``block_z``: a consistency check inside one run (a check,
+    never the verdict, and not a replication: both halves share the run's code, machine and starts' procedure). The
+    seeds, in their order, split into two halves (the first ceil(n/2), the rest), and the z of the difference
+    between the two halves' mean effects. The pooled within-half t statistic (n - 2 degrees of freedom) is mapped
+    through its distribution onto the standard normal, so that under the rule's assumptions (independent, normal
+    paired differences) z is exactly N(0, 1); |z| >= ``SPLIT_HALF_LIMIT`` (0.27% under them) says the two halves
+    disagree more than seed noise explains. It has little power (``split_half_power``: a true shift of one paired
+    sd between the halves is flagged in about 7% of runs at 14 seeds), so a pass says little. None below 4 seeds or
+    without spread inside the halves."""
     d = _clean(diffs)
     n = len(d)
     if n < 4:
@@ -253,6 +284,125 @@ def seeds_for_power(effect_over_sd: float, *, alpha: float = ALPHA, power: float
     return max_n
 
 
+# -- what a verdict is worth: the chance it repeats, the split-half check's power, verdicts by chance ------------
+def normal_cdf(x: float) -> float:
+    """Φ(x), the standard normal distribution function."""
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def noncentral_t_sf(t: float, df: float, ncp: float, *, intervals: int = 2000) -> float:
+    """P(T > t) for the noncentral t with ``df`` degrees of freedom and noncentrality ``ncp``: T = (Z + ncp) / S with
+    S = sqrt(V / df), V ~ χ²_df, so P(T > t) = E_S[Φ(ncp - t·S)], integrated by Simpson's rule over S's density on
+    [0, 1 + 10/√df] (the density beyond is below 1e-20 of its peak; about 1e-9 absolute error, checked against
+    ``t_sf`` at ncp 0 and a simulation in the tests). No SciPy: the same reason as ``t_sf``."""
+    if df <= 0:
+        raise ValueError(f"df must be positive, got {df}")
+    smax = 1.0 + 10.0 / math.sqrt(df)
+    s = np.linspace(0.0, smax, intervals + 1)
+    const = math.log(2.0) + (df / 2.0) * math.log(df / 2.0) - math.lgamma(df / 2.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_density = const + (df - 1.0) * np.log(s) - df * s * s / 2.0
+    log_density[0] = const if df == 1 else -np.inf  # s^0 = 1 at df 1; s^(df-1) = 0 above
+    density = np.exp(log_density)
+    phi = np.array([normal_cdf(ncp - t * x) for x in s])
+    g = density * phi
+    h = smax / intervals
+    return float(min(1.0, max(0.0, h / 3.0 * (g[0] + g[-1] + 4.0 * g[1:-1:2].sum() + 2.0 * g[2:-1:2].sum()))))
+
+
+def _rule_table(alpha: float) -> dict | None:
+    return next((t for a, t in RULE_MDE.items() if math.isclose(a, alpha, rel_tol=1e-9)), None)
+
+
+@functools.lru_cache(maxsize=256)
+def rule_critical_t(n: int, alpha: float = ALPHA) -> float:
+    """The t statistic a claim of ``n`` seeds must reach, one-sided, for the rule at level ``alpha`` to decide it, as
+    a normal-theory stand-in for the whole rule: below 6 seeds the t-test's own ``t_{1-α/2, n-1}``; from 6 seeds,
+    where the sign-flip test must agree too, the critical value at which the noncentral t has 80% power at the
+    rule's simulated MDE (``RULE_MDE``), so that the stand-in matches the simulated rule exactly there (and, measured
+    in tests/test_claims.py, within 4 points of a simulation of the rule from 0.5 to 3 paired sds at 6-14 seeds:
+    lower at 6-7 seeds, the stand-in never above the simulated rule by more than 1 point at 5%). Where ``RULE_MDE``
+    has no entry (another level, or above 15 seeds) the t-test's value: there the stand-in is up to about 2 points
+    above the simulated rule (14 seeds at 0.05/3)."""
+    table = _rule_table(alpha)
+    plain = t_quantile(1 - alpha / 2, n - 1)
+    if n < SIGN_FLIP_FROM or table is None or n not in table:
+        return plain
+    ncp = table[n] * math.sqrt(n)
+    lo, hi = 0.0, plain * 4.0
+    for _ in range(80):
+        mid = (lo + hi) / 2.0
+        if noncentral_t_sf(mid, n - 1, ncp) > POWER:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0
+
+
+def repeat_probability(effect_over_sd: float, n: int, *, alpha: float = ALPHA) -> float:
+    """The probability that an independent rerun with ``n`` seeds reaches the same decided verdict (reproduced
+    again, or reversed again) under the rule at level ``alpha``, if the true standardised effect (the mean paired
+    difference over its sd, Cohen's d_z) were ``effect_over_sd``, the one measured: the plug-in estimate.
+
+    Normal theory: the rerun's t statistic is noncentral t with n - 1 degrees of freedom and noncentrality
+    ``|effect_over_sd| · √n``; the rerun decides the same way when it reaches ``rule_critical_t(n, alpha)`` with the
+    same sign (the t-test at ``alpha`` two-sided, and from 6 seeds the sign-flip test through the rule's simulated
+    MDE; a decision the other way does not count). Where the rule cannot decide at all (fewer than ``MIN_SEEDS``
+    seeds; from 6 seeds a level below the sign-flip test's smallest p, 2^(1-n)) it is 0. At the rule's MDE it is
+    0.8 by construction (``mde``), so a decided effect smaller than its MDE repeats with probability under 0.8.
+
+    For a secondary claim the caller passes Bonferroni's ``ALPHA / m`` for m secondaries, Holm's first level: Holm
+    decides every claim Bonferroni does, so that is a lower bound on the rerun's chance under Holm (the MDE of a
+    secondary is taken at the same level).
+
+    What it is not: the chance the paper is right, or a rerun on another machine that trains other starts (the seeds
+    of one run vary only what they vary). It takes the measured effect and sd as true, and both are noisy; an
+    effect that passed the rule tends to be measured larger than it is, so for a verdict that only just passed
+    the estimate is optimistic."""
+    if n < MIN_SEEDS or (n >= SIGN_FLIP_FROM and 2.0 ** (1 - n) > alpha):
+        return 0.0
+    delta = abs(float(effect_over_sd))
+    if not math.isfinite(delta):
+        raise ValueError(f"effect_over_sd must be finite, got {effect_over_sd!r} (no spread: nothing to estimate)")
+    return noncentral_t_sf(rule_critical_t(n, alpha), n - 1, delta * math.sqrt(n))
+
+
+def split_half_power(n: int, shift: float = 1.0, *, limit: float = SPLIT_HALF_LIMIT) -> float | None:
+    """The chance that the split-half check (``block_z``) flags a run of ``n`` seeds (|z| >= ``limit``) whose two
+    halves truly differ by ``shift`` paired sds (the sd of the differences within a half): the pooled t of the two
+    halves is noncentral t with n - 2 degrees of freedom and noncentrality ``shift / sqrt(1/k + 1/(n-k))`` (k =
+    ceil(n/2)), and |z| >= limit is |t| at or beyond the t quantile with the normal's tail beyond ``limit``. At 14
+    seeds and a 1-sd shift about 7%; at shift 0 it is the false-alarm rate, 2·Φ(-3) = 0.27%. None below 4 seeds
+    (no split-half z there)."""
+    if n < 4:
+        return None
+    k = (n + 1) // 2
+    df = n - 2
+    ncp = float(shift) / math.sqrt(1.0 / k + 1.0 / (n - k))
+    critical = t_quantile(1.0 - normal_cdf(-limit), df)
+    return noncentral_t_sf(critical, df, ncp) + noncentral_t_sf(critical, df, -ncp)
+
+
+def familywise_rate(k: int, alpha: float = ALPHA) -> float:
+    """The chance that at least one of ``k`` independent claims, each held to ``alpha`` and none with an effect,
+    comes out decided (reproduced or reversed): ``1 - (1 - alpha)^k`` (26% for 6 claims at 5%). The rule holds each
+    claim to at most ``alpha`` on null data (tests/test_claims.py), so for independent claims this is an upper
+    bound; claims that share runs (a second read-out of the same runs) are not independent."""
+    if k < 0:
+        raise ValueError(f"k must be a count, got {k}")
+    return 1.0 - (1.0 - alpha) ** k
+
+
+def tied(diffs: Sequence[float]) -> list[bool]:
+    """Which paired differences are 0 to the sign-flip test's tolerance (``sign_flip_p``: sums within 1e-12 of the
+    differences' total count as equal): the two arms gave the same read-out on that seed (both at a ceiling, say).
+    Flipping such a seed's sign changes nothing, so each one halves the patterns that can beat the observed mean
+    and doubles the smallest p the sign-flip test can give."""
+    d = [abs(float(x)) for x in diffs]
+    tol = 1e-12 * max(1.0, sum(d))
+    return [2 * x <= tol for x in d]
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (the same order as given): the k-th smallest p is multiplied by
     (m - k + 1), running maxima taken, capped at 1."""
@@ -293,7 +443,8 @@ def paired_claim(id: str, claim: str, source: str, metric: str, a: Mapping, b: M
     ``a[s] - b[s]`` over the seeds both have. ``direction``: +1 if the paper says a > b, -1 if a < b. A
     ``check`` gives ``pass`` when the rule's outcome is ``expect`` (``reproduced`` for a positive control,
     ``inconclusive`` for an A/A pair), else ``fail``. A secondary's verdict is final only after ``finalize``
-    (Holm within the notebook)."""
+    (Holm within the notebook). Seeds whose two arms gave the same read-out (``tied``) are recorded in ``tied_at``
+    (seed -> the value both arms had), so that the report can name a tie for what it is (both arms at a ceiling)."""
     if role not in ROLES:
         raise ValueError(f"claim {id!r}: role must be one of {ROLES}, got {role!r}")
     if role == "check" and expect not in VERDICTS:
@@ -311,6 +462,9 @@ def paired_claim(id: str, claim: str, source: str, metric: str, a: Mapping, b: M
            "p_sign": p_sign, "sd": t["sd"] if n > 1 else None, **_mde_fields(t["sd"], n, alpha),
            "per_seed": {str(s): d for s, d in zip(seeds, diffs)}, "direction": direction,
            "block_z": block_z(diffs)}
+    ties = {str(s): float(a[s]) for s, tie in zip(seeds, tied(diffs)) if tie}
+    if ties:
+        out["tied_at"] = ties
     outcome = decide(t["mean"], p, n, direction, alpha=alpha)
     if role == "check":
         out.update(expect=expect, outcome=outcome, verdict="pass" if outcome == expect else "fail")
@@ -326,9 +480,12 @@ def paired_claim(id: str, claim: str, source: str, metric: str, a: Mapping, b: M
 
 
 def _mde_fields(sd: float, n: int, alpha: float) -> dict:
-    """``mde`` (null below 2 seeds and where nothing is detectable), and ``undetectable: True`` in that last case."""
+    """``mde`` (null below 2 seeds, where nothing is detectable, and without spread: sd 0 would make it 0, as if any
+    effect were detectable), and ``undetectable: True`` where nothing is."""
     value = mde(sd, n, alpha=alpha)
-    return {"mde": None, "undetectable": True} if math.isinf(value) else {"mde": _none_if_nan(value)}
+    if math.isinf(value):
+        return {"mde": None, "undetectable": True}
+    return {"mde": None if sd == 0 else _none_if_nan(value)}
 
 
 def _none_if_nan(x: float):
@@ -366,9 +523,9 @@ def finalize(claim_list: list[dict], declared: Mapping[str, Mapping] | None = No
             for f in ("role", "direction", "claim", "source", "metric"):
                 if f in c and c[f] != d[f]:
                     raise ValueError(f"{where} ({c['id']}): {f} {c[f]!r} differs from the declared {d[f]!r}")
-            if c.get("control_of") != d.get("control_of"):  # declared_claim carries it; a hand-made claim may not
-                raise ValueError(f"{where} ({c['id']}): control_of {c.get('control_of')!r} differs from the "
-                                 f"declared {d.get('control_of')!r}")
+            for f in ("control_of", "guards"):  # declared_claim / declared_check carry them; a hand-made claim may not
+                if c.get(f) != d.get(f):
+                    raise ValueError(f"{where} ({c['id']}): {f} {c.get(f)!r} differs from the declared {d.get(f)!r}")
     roles = [c["role"] for c in claim_list]
     if any(r != "check" for r in roles) and roles.count("primary") != 1:
         raise ValueError(f"{where}: a notebook that tests a paper declares exactly one primary claim, got "
@@ -436,6 +593,8 @@ def validate_claims(claims, *, where: str = "claims", alpha: float = ALPHA) -> l
             raise ValueError(f"{where}[{i}] ({c['id']}).control_of must name the primary claim of the list "
                              f"({', '.join(primaries) or 'none'}) from a secondary claim; got {c['control_of']!r} "
                              f"on a {c['role']} claim")
+        if "guards" in c:
+            _check_guards(c, None, f"{where}[{i}] ({c['id']})")
     return claims
 
 
@@ -455,6 +614,9 @@ def _validate_paired(c: Mapping, at: str, alpha: float) -> None:
         raise ValueError(f"{at}.direction must be +1 or -1, got {c['direction']!r}")
     if c.get("block_z") is not None and not _finite(c["block_z"]):
         raise ValueError(f"{at}.block_z must be a finite number or null, got {c['block_z']!r}")
+    if "tied_at" in c and (not isinstance(c["tied_at"], Mapping) or not set(c["tied_at"]) <= set(c["per_seed"])
+                           or not all(_finite(v) for v in c["tied_at"].values())):
+        raise ValueError(f"{at}.tied_at must map seeds of per_seed to the value both arms had, got {c['tied_at']!r}")
     if not c["ci_low"] - 1e-12 <= c["effect"] <= c["ci_high"] + 1e-12:
         raise ValueError(f"{at}: effect {c['effect']} is outside its interval [{c['ci_low']}, {c['ci_high']}]")
     expected = expected_verdict(c, alpha=alpha)
@@ -474,7 +636,8 @@ def load_declared(path: str | Path) -> dict[str, dict]:
     mappings with ``id``, ``role``, ``claim``, ``source``, ``metric``, ``direction`` (+1 / -1: the paper's
     sign of a - b) and ``scope`` (one line: what the stand-in can and cannot show for this claim), and for a
     check ``expect``, and optionally ``requires`` (the parameters the claim needs, read by ``made``). Errors name
-    the file, the entry and the field."""
+    the file, the entry and the field. A check may declare ``guards``: the ids of claims in the same file whose
+    verdicts it guards (``_check_guards``)."""
     import yaml
 
     path = Path(path)
@@ -517,7 +680,27 @@ def load_declared(path: str | Path) -> dict[str, dict]:
     for cid, d in out.items():
         if "control_of" in d:
             _check_control_of(d, out, f"{path} ({cid})")
+        if "guards" in d:
+            _check_guards(d, out, f"{path} ({cid})")
     return out
+
+
+def _check_guards(d: Mapping, declared: Mapping[str, Mapping] | None, at: str) -> None:
+    """``guards`` is on a check, a non-empty list of distinct claim ids other than its own, each declared in the same
+    file (``declared``; None for a recorded claim, whose file is not at hand): where the check fails, the report
+    marks each guarded verdict as not to be trusted (a pipeline that did not do what the comparison needs)."""
+    ids = d["guards"]
+    if d["role"] != "check":
+        raise ValueError(f"{at}.guards: only a check guards other claims, this one is a {d['role']}")
+    if (not isinstance(ids, list) or not ids or not all(isinstance(i, str) and i.strip() for i in ids)
+            or len(set(ids)) != len(ids)):
+        raise ValueError(f"{at}.guards must be a non-empty list of distinct claim ids, got {ids!r}")
+    if d["id"] in ids:
+        raise ValueError(f"{at}.guards names the check itself")
+    unknown = [i for i in ids if declared is not None and i not in declared]
+    if unknown:
+        raise ValueError(f"{at}.guards names claim(s) not declared in the same file: {unknown} (declared: "
+                         f"{', '.join(declared)})")
 
 
 def _check_control_of(d: Mapping, declared: Mapping[str, Mapping], at: str) -> None:
@@ -563,6 +746,44 @@ def load_retired(path: str | Path) -> dict[str, dict]:
                 raise ValueError(f"{at} ({e.get('id')}).{f} must be a non-empty string, got {e[f]!r}")
         if e["id"] in out:
             raise ValueError(f"{at}: claim id {e['id']!r} is retired twice")
+        out[e["id"]] = dict(e)
+    return out
+
+
+NOT_TESTED_FIELDS = ("id", "claim", "source", "reason")
+
+
+def load_not_tested(path: str | Path) -> dict[str, dict]:
+    """The paper's claims a notebook declares it does not test at all (``params/<notebook>/not_tested.yaml``): a list
+    of mappings with every one of ``NOT_TESTED_FIELDS`` (a non-empty string each): ``claim`` in the paper's words,
+    its ``source``, and the ``reason`` the stand-in does not test it (no code sources, say). The report lists them
+    apart, never counted; ``{}`` when the file does not exist. Errors name the file, the entry and the field."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    entries = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a list of claims not tested (each with {list(NOT_TESTED_FIELDS)}), got "
+                         f"{type(entries).__name__}")
+    out: dict[str, dict] = {}
+    for i, e in enumerate(entries):
+        if not isinstance(e, Mapping):
+            raise ValueError(f"{path} entry {i}: expected a mapping with {list(NOT_TESTED_FIELDS)}, got "
+                             f"{type(e).__name__}")
+        at = f"{path} entry {i}" + (f" ({e['id']})" if isinstance(e.get("id"), str) else "")
+        missing = [f for f in NOT_TESTED_FIELDS if f not in e]
+        if missing:
+            raise ValueError(f"{at}: missing key(s) {missing}; a claim not tested has {list(NOT_TESTED_FIELDS)}")
+        unknown = sorted(set(e) - set(NOT_TESTED_FIELDS), key=str)
+        if unknown:
+            raise ValueError(f"{at}: unknown key(s) {unknown}; a claim not tested has {list(NOT_TESTED_FIELDS)}")
+        for f in NOT_TESTED_FIELDS:
+            if not isinstance(e[f], str) or not e[f].strip():
+                raise ValueError(f"{at}.{f} must be a non-empty string, got {e[f]!r}")
+        if e["id"] in out:
+            raise ValueError(f"{at}: claim id {e['id']!r} is listed twice")
         out[e["id"]] = dict(e)
     return out
 
@@ -618,28 +839,34 @@ def made(declared: Mapping[str, Mapping], params: Mapping, *, where: str = "clai
 def declared_claim(declared: Mapping[str, Mapping], id: str, a: Mapping, b: Mapping, *, note: str = "",
                    alpha: float = ALPHA) -> dict:
     """``paired_claim`` with the wording, role, direction, scope and expectation of the declared claim ``id``, and
-    its ``control_of`` where it declares one (the report reads the control beside its primary)."""
+    its ``control_of`` (the report reads the control beside its primary) and, for a paired check, its ``guards``,
+    where it declares them."""
     if id not in declared:
         raise KeyError(f"claim {id!r} is not declared (declared: {list(declared)})")
     d = declared[id]
     out = paired_claim(id, d["claim"], d["source"], d["metric"], a, b, direction=d["direction"], role=d["role"],
                        note=note, scope=d["scope"], expect=d.get("expect"), alpha=alpha)
-    if "control_of" in d:
-        out["control_of"] = d["control_of"]
+    for f in ("control_of", "guards"):
+        if f in d:
+            out[f] = list(d[f]) if f == "guards" else d[f]
     return out
 
 
 def declared_check(declared: Mapping[str, Mapping], id: str, passed: bool, value: float, *, criterion: str,
                    seeds: int = 1, note: str = "") -> dict:
-    """``check`` with the wording and scope of the declared check ``id``."""
+    """``check`` with the wording and scope of the declared check ``id``, and its ``guards`` where it declares them
+    (the claims whose verdicts the report marks as not to be trusted when it fails)."""
     if id not in declared:
         raise KeyError(f"check {id!r} is not declared (declared: {list(declared)})")
     d = declared[id]
     if d["role"] != "check" or "expect" in d:
         raise ValueError(f"{id!r} is declared as a {d['role']} claim" + (" with expect" if "expect" in d else "") +
                          ": use declared_claim")
-    return check(id, d["claim"], d["source"], d["metric"], passed, value, criterion=criterion, seeds=seeds,
-                 note=note, scope=d["scope"])
+    out = check(id, d["claim"], d["source"], d["metric"], passed, value, criterion=criterion, seeds=seeds,
+                note=note, scope=d["scope"])
+    if "guards" in d:
+        out["guards"] = list(d["guards"])
+    return out
 
 
 # -- read-outs of a curve ----------------------------------------------------------------------------------------

@@ -46,8 +46,12 @@ def test_paired_t_by_hand():
     assert r["ci_high"] == pytest.approx(2 + 2.484138, abs=1e-5)
     # two-sided p of t = 3.4641 at 2 df: 2 · (1 - F(3.4641)) = 0.07418
     assert r["p"] == pytest.approx(0.07418, abs=2e-4)
+    # no spread (t would be x/0): the sign-flip test's p, 2 of the 2^4 patterns = 0.125, and its interval, which
+    # excludes no mean at 4 seeds, shown as mean ± |mean| = [0, 0.4]; at 6 seeds p 2^-5 and every other mean excluded
     same = claims.paired_t([0.2] * 4)
-    assert same["ci_low"] == same["ci_high"] == pytest.approx(0.2) and same["p"] == 0.0
+    assert (same["ci_low"], same["ci_high"], same["p"], same["sd"]) == (0.0, pytest.approx(0.4), 0.125, 0.0)
+    six = claims.paired_t([0.2] * 6)
+    assert six["ci_low"] == six["ci_high"] == pytest.approx(0.2) and six["p"] == 1 / 32
     assert claims.paired_t([0.0] * 4)["p"] == 1.0
 
 
@@ -429,8 +433,9 @@ def test_identical_arms_that_differ_by_float_rounding_are_never_decided(n):
         decided += c["verdict"] != "inconclusive"
         assert c["p_t"] == 1.0 and abs(c["effect"]) < 1e-15
     assert decided == 0 and differ > 150  # most pairs do differ in the last bits: the case is exercised
-    shifted = {s: v + 1e-6 for s, v in a.items()}  # a real, constant shift far above rounding: p 0, decided
-    assert claims.paired_claim("ab", "shift", "test", "m", shifted, a)["p_t"] == 0.0
+    # a real, constant shift far above rounding has no spread: the sign-flip p, 2^(1-n), decided from 6 seeds only
+    shifted = claims.paired_claim("ab", "shift", "test", "m", {s: v + 1e-6 for s, v in a.items()}, a)
+    assert shifted["p_t"] == 2.0 ** (1 - n) and (shifted["verdict"] == "reproduced") == (n >= 6)
 
 
 def test_the_rounding_tolerance_is_relative_to_the_read_outs():
@@ -560,3 +565,80 @@ def test_the_declared_controls_name_their_primaries():
         "02_sft_accuracy_filtering": ["hard.mixed_vs_only_true_covered", "hard.mixed_vs_only_true_matched"],
         "03_rl_clip_variants": ["gppo_vs_ppo_clip_2x_lr.probe_auc"],
         "04_erc_bounds": ["erc_vs_half_lr.rest_probe_auc", "erc_vs_random_mask.rest_probe_auc"]}
+
+
+GUARDED = (
+    "- {id: main, role: primary, claim: a beats b, source: S, metric: m, direction: 1, scope: x}\n"
+    "- {id: side, role: secondary, claim: a beats c, source: S, metric: m, direction: 1, scope: x}\n"
+    "- {id: learned, role: check, claim: every base learned, source: S, metric: m, direction: 1, scope: x,\n"
+    "   guards: [main, side]}\n"
+    "- {id: aa, role: check, claim: A/A, source: S, metric: m, direction: 1, scope: x, expect: inconclusive,\n"
+    "   guards: [main]}\n")
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("- {id: g, role: check, claim: o, source: S, metric: m, direction: 1, scope: x, guards: [main, nope]}\n",
+     r"claims.yaml \(g\)\.guards names claim\(s\) not declared in the same file: \['nope'\]"),
+    ("- {id: g, role: secondary, claim: o, source: S, metric: m, direction: 1, scope: x, guards: [main]}\n",
+     r"\(g\)\.guards: only a check guards other claims, this one is a secondary"),
+    ("- {id: g, role: check, claim: o, source: S, metric: m, direction: 1, scope: x, guards: []}\n",
+     r"\(g\)\.guards must be a non-empty list of distinct claim ids, got \[\]"),
+    ("- {id: g, role: check, claim: o, source: S, metric: m, direction: 1, scope: x, guards: main}\n",
+     r"\(g\)\.guards must be a non-empty list"),
+    ("- {id: g, role: check, claim: o, source: S, metric: m, direction: 1, scope: x, guards: [g]}\n",
+     r"\(g\)\.guards names the check itself"),
+])
+def test_a_check_guards_claims_declared_in_the_same_file(tmp_path, extra, message):
+    """``guards`` on a check names the claims whose verdicts it guards: declared in the same file, carried into the
+    recorded check (plain or paired) as ``control_of`` is, and held to the declaration by finalize."""
+    path = tmp_path / "claims.yaml"
+    path.write_text(GUARDED)
+    declared = claims.load_declared(path)
+    assert declared["learned"]["guards"] == ["main", "side"] and "guards" not in declared["main"]
+    a, b = {s: 1.0 + s for s in range(6)}, {s: 0.0 for s in range(6)}
+    got = [claims.declared_claim(declared, "main", a, b), claims.declared_claim(declared, "side", a, b),
+           claims.declared_check(declared, "learned", False, 0.4, criterion="every base >= 0.5"),
+           claims.declared_claim(declared, "aa", a, a)]
+    assert got[2]["guards"] == ["main", "side"] and got[3]["guards"] == ["main"] and "guards" not in got[0]
+    claims.finalize(got, declared)
+    with pytest.raises(ValueError, match=r"\(learned\): guards None differs from the declared \['main', 'side'\]"):
+        claims.finalize(got[:2] + [{k: v for k, v in got[2].items() if k != "guards"}, got[3]], declared)
+    with pytest.raises(ValueError, match=r"claims\[0\] \(main\)\.guards: only a check guards other claims"):
+        claims.validate_claims([{**got[0], "guards": ["side"]}, got[1]])
+    path.write_text(GUARDED + extra)
+    with pytest.raises(ValueError, match=message):
+        claims.load_declared(path)
+
+
+def test_a_tie_records_the_value_both_arms_had():
+    """Seeds whose two arms gave the same read-out (a ceiling) are recorded in ``tied_at``, with that value; a claim
+    without ties has no such field, and a tied_at naming a seed the claim does not have is refused."""
+    c = claims.paired_claim("x", "a beats b", "T", "m", {0: 1.0, 1: 1.0, 2: 0.75, 3: 0.5}, {0: 1.0, 1: 0.75, 2: 0.75,
+                                                                                         3: 0.25})
+    assert c["tied_at"] == {"0": 1.0, "2": 0.75} and claims.tied([0.0, 0.25, 0.0, 0.25]) == [True, False, True, False]
+    assert "tied_at" not in claims.paired_claim("y", "a", "T", "m", {0: 1.0, 1: 0.5, 2: 0.2}, {0: 0.0, 1: 0.0, 2: 0.0})
+    with pytest.raises(ValueError, match=r"tied_at must map seeds of per_seed"):
+        claims.validate_claims([{**c, "tied_at": {"9": 1.0}}])
+
+
+def test_the_claims_a_notebook_does_not_test_are_listed_with_why(tmp_path):
+    """``not_tested.yaml``: a list of the paper's claims the stand-in does not test, each with id, claim, source and
+    reason (non-empty strings); errors name the file, the entry and the key; no file, no list."""
+    path = tmp_path / "not_tested.yaml"
+    assert claims.load_not_tested(path) == {}
+    path.write_text("- {id: code.top2, claim: Top-2 beats Top-1 for code, source: 'Klear §3', reason: no code sources}\n")
+    assert claims.load_not_tested(path) == {"code.top2": {"id": "code.top2", "claim": "Top-2 beats Top-1 for code",
+                                                          "source": "Klear §3", "reason": "no code sources"}}
+    for text, message in [
+        ("- {id: a, claim: c, source: s}\n", r"not_tested.yaml entry 0 \(a\): missing key\(s\) \['reason'\]"),
+        ("- {id: a, claim: c, source: s, reason: r}\n- {claim: c, source: s, reason: r}\n",
+         r"entry 1: missing key\(s\) \['id'\]"),
+        ("- {id: a, claim: c, source: s, reason: ''}\n", r"entry 0 \(a\)\.reason must be a non-empty string"),
+        ("- {id: a, claim: c, source: s, reason: r, why: w}\n", r"entry 0 \(a\): unknown key\(s\) \['why'\]"),
+        ("- {id: a, claim: c, source: s, reason: r}\n- {id: a, claim: d, source: s, reason: r}\n", "listed twice"),
+        ("{id: a}\n", "expected a list of claims not tested"),
+        ("- just a line\n", r"entry 0: expected a mapping"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            claims.load_not_tested(path)
