@@ -58,6 +58,7 @@ max_completion_length = 56
 format_rule = "released"                       # the judge's think format: released, paper or none
 rl_lr = 5.0e-5
 eval_n = 2                                     # held-out samples per problem, after the last rollout (descriptive)
+final_eval = False                             # that evaluation: no claim reads it, so it is off unless asked
 eval_temperature = 0.6                         # the paper's
 workers = "auto"                               # units of work at a time, one CPU thread each ("auto": the cores)
 report_to = "none"                             # or tensorboard / trackio / wandb (installed): <run dir>/tracking
@@ -88,7 +89,8 @@ alpha_list = notebook.parse_list(alphas, "alphas", float)
 if not {0.0, 0.1} <= set(alpha_list):
     raise ValueError(f"alphas = {alphas!r}: the primary claim compares α 0.1 with α 0; both must run")
 seed_list = notebook.parse_list(seeds, "seeds", int, minimum=0)
-base = notebook.config_from(RLExperimentConfig, globals(), loss_name="gppo", eval_every=rollouts, eval_start=False)
+base = notebook.config_from(RLExperimentConfig, globals(), loss_name="gppo", eval_start=False, eval_final=final_eval,
+                            eval_every=rollouts if final_eval else rollouts + 1)  # off: no held-out evaluation
 configs = {f"alpha={a:g}": base.replace(sft_alpha=a) for a in alpha_list}  # validates every α (>= 0)
 if aa_stream:
     configs["alpha=0/stream_b"] = base.replace(sft_alpha=0.0)
@@ -139,25 +141,27 @@ fig = plots.plot_curves(df, ["klear/p_correct_fork", "klear/p_correct_rest", "ac
 # %% [markdown]
 # ## Read-outs per seed, and the claims
 # Per run: the area under the fork probe over the rollouts (the declared read-out), the rest probe's area, the
-# held-out accuracy after the last rollout, and the mean token entropy. The secondary claim is Holm-adjusted; the
+# held-out accuracy after the last rollout (where `final_eval` is on: no claim reads it), and the mean token entropy. The secondary claim is Holm-adjusted; the
 # A/A check pairs stream A's seed s with stream B's seed s + 1000.
 
 # %%
 pr = df.dropna(subset=["klear/p_correct_fork"])
-ev = df.dropna(subset=["eval/avg_at_n_fork"])
+ev = df.dropna(subset=["eval/avg_at_n_fork"]) if final_eval else None
 per_run = []
 for (v, seed), g in pr.groupby(["variant", "seed"]):
-    last = ev[(ev["variant"] == v) & (ev["seed"] == seed)].sort_values("rollout").iloc[-1]
-    per_run.append({"variant": v, "seed": seed,
-                    "probe_auc": claims.area_under_curve(g["rollout"], g["klear/p_correct_fork"]),
-                    "rest_probe_auc": claims.area_under_curve(g["rollout"], g["klear/p_correct_rest"]),
-                    "final_fork": last["eval/avg_at_n_fork"], "final": last["eval/avg_at_n"]})
+    row = {"variant": v, "seed": seed,
+           "probe_auc": claims.area_under_curve(g["rollout"], g["klear/p_correct_fork"]),
+           "rest_probe_auc": claims.area_under_curve(g["rollout"], g["klear/p_correct_rest"])}
+    if final_eval:
+        last = ev[(ev["variant"] == v) & (ev["seed"] == seed)].sort_values("rollout").iloc[-1]
+        row.update(final_fork=last["eval/avg_at_n_fork"], final=last["eval/avg_at_n"])
+    per_run.append(row)
 run_entropy = steps.groupby(["variant", "seed"])["entropy"].mean().rename("entropy").reset_index()
 per_run = pd.DataFrame(per_run).merge(run_entropy, on=["variant", "seed"])
+shown = ["probe_auc", "rest_probe_auc"] + (["final_fork"] if final_eval else []) + ["entropy"]
 table = per_run.groupby("variant", sort=False).agg(
-    probe_auc=("probe_auc", "mean"), final_fork=("final_fork", "mean"), entropy=("entropy", "mean"),
-    seeds=("seed", "nunique")).reindex(list(configs))
-display(plots.seed_table(per_run, ["probe_auc", "rest_probe_auc", "final_fork", "entropy"], by="variant", digits=4))
+    **{c: (c, "mean") for c in shown if c != "rest_probe_auc"}, seeds=("seed", "nunique")).reindex(list(configs))
+display(plots.seed_table(per_run, shown, by="variant", digits=4))
 
 
 def by_seed(v, col):
@@ -196,12 +200,14 @@ summary = {
     "claims": claim_list,
     "beside_paper": {
         "caption": "α of the positive-sample NLL: the paper's AIME24 / AIME25 (%, 100 steps) beside ours (the fork "
-                   "probe's area over the rollouts; held-out fork problems at T 0.6 after the last rollout, %; mean "
+                   "probe's area over the rollouts; held-out fork problems at T 0.6 after the last rollout, %, where "
+                   "final_eval is on; mean "
                    "token entropy)",
         "columns": ["arm", "paper AIME24", "paper AIME25", "ours: fork-probe area", "ours: final fork",
                     "ours: entropy", "seeds"],
         "rows": [[v, *(PAPER_ALPHA.get(configs[v].sft_alpha, (None, None)) if "stream_b" not in v else (None, None)),
-                  round(r["probe_auc"], 3), round(100 * r["final_fork"], 1), round(r["entropy"], 4),
+                  round(r["probe_auc"], 3), round(100 * r["final_fork"], 1) if final_eval else None,
+                  round(r["entropy"], 4),
                   int(r["seeds"])] for v, r in table.iterrows()],
         "note": "The paper's best is α 0.1, by under 1.6 points. Ours: the claims table.",
     },

@@ -493,8 +493,9 @@ def _count_evaluation(seen, model):
 
 
 def test_rollout_recorder_evaluates_at_its_boundaries_and_skips_the_start_when_told(tmp_path):
-    """Evaluations at rollouts 0, 2, 4 and the last (5) every 2 rollouts; without eval_start, not at 0; the probe
-    at every boundary either way."""
+    """Evaluations at rollouts 0, 2, 4 and the last (5) every 2 rollouts; without eval_start, not at 0; without
+    eval_final, not at the last; with neither and eval_every past the last rollout, none (06's default); the probe
+    at every boundary every way."""
     import types
 
     from klear_lib import runs
@@ -503,15 +504,16 @@ def test_rollout_recorder_evaluates_at_its_boundaries_and_skips_the_start_when_t
     handler = types.SimpleNamespace(on_log=lambda *a, **k: None)
     trainer = types.SimpleNamespace(model=None, control=types.SimpleNamespace(should_log=False),
                                     callback_handler=handler, args=None, state=None)
-    for start, expected in ((True, [0, 2, 4, 5]), (False, [2, 4, 5])):
+    for start, final, every, expected in ((True, True, 2, [0, 2, 4, 5]), (False, True, 2, [2, 4, 5]),
+                                          (False, False, 2, [2, 4]), (False, False, 6, [])):  # 06: no evaluation
         evaluated = []
-        with runs.MetricsWriter(tmp_path / f"m{start}.jsonl") as w:
+        with runs.MetricsWriter(tmp_path / f"m{start}{final}{every}.jsonl") as w:
             rec = RolloutRecorder(w, {}, evaluate=functools.partial(_count_evaluation, evaluated),
-                                  eval_every=2, probe=lambda m: {"p": 1.0}, progress=lambda *_: None,
-                                  eval_start=start)
+                                  eval_every=every, probe=lambda m: {"p": 1.0}, progress=lambda *_: None,
+                                  eval_start=start, eval_final=final)
             for r in range(6):
                 rec(trainer, {"rollout": r, "step": r, "final": r == 5})
-        records = runs.read_metrics(tmp_path / f"m{start}.jsonl")
+        records = runs.read_metrics(tmp_path / f"m{start}{final}{every}.jsonl")
         assert [r["rollout"] for r in records if "eval/avg_at_n" in r] == expected
         assert len(evaluated) == len(expected) and all(r["klear/p"] == 1.0 for r in records)
 

@@ -57,12 +57,13 @@ class RolloutRecorder:
     """The ``on_rollout`` callback of ``run_rl``: one record per rollout boundary in ``metrics.jsonl`` with the
     rollout's ``klear/*`` counts and generation metrics, the fork probe (``klear/p_correct_fork``) when the task
     has fork facts, and the held-out evaluation (``eval/*``) every ``eval_every`` rollouts, before RL (unless
-    ``eval_start`` is False) and at the end. ``history`` keeps the records that hold an evaluation."""
+    ``eval_start`` is False) and at the end (unless ``eval_final`` is False). ``history`` keeps the records that
+    hold an evaluation."""
 
     def __init__(self, writer, tags: dict, *, evaluate, eval_every: int, probe=None, progress=print,
-                 eval_start: bool = True):
+                 eval_start: bool = True, eval_final: bool = True):
         self.writer, self.tags, self.evaluate, self.every, self.probe = writer, tags, evaluate, eval_every, probe
-        self.progress, self.eval_start = progress, eval_start
+        self.progress, self.eval_start, self.eval_final = progress, eval_start, eval_final
         self.history: list[dict] = []
         self.clock = Stopwatch()
 
@@ -71,7 +72,7 @@ class RolloutRecorder:
         if self.probe is not None:
             rec.update({f"klear/{k}": v for k, v in self.probe(trainer.model).items()})
         due = record["rollout"] % self.every == 0 and (record["rollout"] > 0 or self.eval_start)
-        if due or record["final"]:
+        if due or (record["final"] and self.eval_final):
             res = self.evaluate(trainer.model)  # {"avg_at_n": float, "n": int, other floats, "by_level": {...}}
             rec.update({f"eval/{k}": v for k, v in res.items() if isinstance(v, float)})
             rec.update({f"eval/avg_at_n_level{lvl}": v for lvl, v in res.get("by_level", {}).items()})
@@ -211,7 +212,7 @@ def run_rl(cfg, model, tokenizer, train_problems, heldout, writer, *, tags=None,
     )
     recorder = RolloutRecorder(writer, tags, evaluate=lambda m: evaluate(m), eval_every=cfg.eval_every, probe=probe,
                                eval_start=getattr(cfg, "eval_start", True),
-                               progress=progress)
+                               eval_final=getattr(cfg, "eval_final", True), progress=progress)
     # the trackers read their folders and names when the trainer is built
     tracking.enter_context(tracking_env(tracking_dir if report_to != "none" else None))
     trainer = KlearGRPOTrainer(
