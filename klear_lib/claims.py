@@ -234,7 +234,7 @@ SPLIT_HALF_LIMIT = 3.0  # |split-half z| at or above this flags a run: 0.27% of 
 
 def block_z(diffs: Sequence[float]) -> float | None:
     """The split-half z of a paired claim, recorded as ``block_z``: a consistency check inside one run (a check,
-    never the verdict, and not a replication: both halves share the run's code, machine and starts' procedure). The
+    never the verdict, and not a replication: both halves share the run's code, machine and procedure). The
     seeds, in their order, split into two halves (the first ceil(n/2), the rest), and the z of the difference
     between the two halves' mean effects. The pooled within-half t statistic (n - 2 degrees of freedom) is mapped
     through its distribution onto the standard normal, so that under the rule's assumptions (independent, normal

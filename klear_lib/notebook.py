@@ -203,6 +203,7 @@ def workers(value: Any, key: str = "workers") -> int:
 
 CLAIMS_FILE = "claims.yaml"  # beside a notebook's presets: its claims, declared before any training
 RETIRED_FILE = "retired.yaml"  # beside them: the claims it no longer tests, each with its last result
+NOT_TESTED_FILE = "not_tested.yaml"  # beside them: the paper's claims it does not test at all, with why
 
 
 def declared_claims(name: str, params: Mapping | None = None) -> dict[str, dict]:

@@ -6,11 +6,14 @@ Jinja2 templates of ``klear_lib/templates/``; this module holds what joins them:
 plurals, capitals and durations become text (``fmt``, ``counted``, ``plural``, ``sentence``, ``duration``, the
 templates' filters), the figures, and the writers.
 
-    render_report(root)  writes ``<root>/report.html``: the card (the primary claims with verdict, effect, interval
-                         and seeds; the counts; the time; the commit and the processor), then the claims (short
-                         paragraphs on how a verdict is reached, the forest plot, the claims table with the long
-                         fields folded, the checks apart), an overview, a wall-time chart and one section per
-                         notebook (its newest run; older runs listed). Smoke and custom runs are marked.
+    render_report(root)  writes ``<root>/report.html``: the card (the primary claims with verdict, the chance a
+                         rerun repeats it, effect, interval, the seeds in the paper's direction; the counts; the
+                         chance of a verdict by chance among the primaries; the time; the commit and the
+                         processor), then the claims (short paragraphs on how a verdict is reached, the forest
+                         plot, the claims table with the long fields folded, the checks apart, the declared claims
+                         not made at this preset, retired, or not tested at all), an overview, a wall-time chart and
+                         one section per notebook (its newest run; older runs listed). Smoke and custom runs are
+                         marked.
     write_card(root)     writes ``<root>/report.md``: the card in Markdown, what ``klear reproduce`` prints at its end
     card_markdown(card)  the same text for any card (``klear run`` prints its run's, ``report_data.run_card``)
     comparison_markdown(cmp)  ``klear compare``'s table (``klear_lib.compare``); ``render_report`` and ``write_card``
@@ -61,6 +64,7 @@ from klear_lib.report_data import (  # noqa: F401  (the report's reading API, as
     collect_runs,
     gather,
     latest_runs,
+    not_tested_rows,
     read_reproduce_log,
     read_run,
     retired_rows,
@@ -72,7 +76,6 @@ from klear_lib.report_data import (  # noqa: F401  (the report's reading API, as
 
 MD_FILE = "report.md"
 TEMPLATES = Path(__file__).with_name("templates")
-FRAGILE_HTML = '<br><span class="meta">below the MDE: a rerun may not repeat this verdict</span>'
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -106,10 +109,22 @@ def fmt(value: Any) -> str:
 
 def signed(value: Any) -> str:
     """An effect or interval end: signed, 3 significant digits (``+0.336``, ``-0.0322``); an exact zero as ``0``
-    (a smoke run's one seed), never ``+0`` or ``-0``."""
+    (a smoke run's one seed), never ``+0`` or ``-0`` (``report_verdicts.signed``, which the verdict words use)."""
     if not _is_num(value):
         return fmt(value)
-    return "0" if value == 0 else f"{value:+.3g}"
+    return report_verdicts.signed(value)
+
+
+def percent(p: Any) -> str:
+    """A chance as a reader says it: ``~84%``; ``>99%`` and ``<1%`` at the ends (a rounded 100% or 0% would claim a
+    certainty the estimate does not have); ``–`` for none."""
+    if not _is_num(p):
+        return "–"
+    if p > 0.99:
+        return ">99%"
+    if p < 0.01:
+        return "<1%"
+    return f"~{round(100 * float(p))}%"
 
 
 def num(x: Any, digits: int = 3) -> str:
@@ -141,12 +156,15 @@ def listing(items: Sequence[Any]) -> str:
     return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def tally(counts: Mapping[str, int], against: int = 0) -> str:
+def tally(counts: Mapping[str, int], against: int = 0, open: int = 0) -> str:
     """``1 reproduced, 0 reversed, 2 inconclusive``: every key, zeros included (a zero is news in a tally). With
     ``against`` (``Claims.against``), the reproduced ones that have a control against the paper's explanation are
-    counted apart: ``2 reproduced, of which 1 with a control against the paper's explanation, 0 reversed, ...``."""
-    parts = [f"{n} {k}" + (f", of which {against} with {report_verdicts.AGAINST}" if k == "reproduced" and against
-                           else "") for k, n in counts.items()]
+    counted apart: ``2 reproduced, of which 1 with a control against the paper's explanation, 0 reversed, ...``;
+    with ``open`` (``Claims.open``), those whose control leaves the explanation open, likewise."""
+    apart = [f"{n} with {words}" for n, words in ((against, report_verdicts.AGAINST), (open, report_verdicts.OPEN))
+             if n]
+    parts = [f"{n} {k}" + (f", of which {' and '.join(apart)}" if k == "reproduced" and apart else "")
+             for k, n in counts.items()]
     return ", ".join(parts) or "none"
 
 
@@ -232,13 +250,15 @@ def environment(page: bool = True) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=page, trim_blocks=True,
                              lstrip_blocks=True, keep_trailing_newline=True,
                              extensions=["jinja2.ext.do"], finalize=_escape if page else None)
-    env.filters.update(fmt=fmt, signed=signed, num=num, plural=plural, counted=counted, sentence=sentence,
+    env.filters.update(fmt=fmt, signed=signed, num=num, percent=percent, plural=plural, counted=counted,
+                       sentence=sentence,
                        listing=listing, tally=tally, duration=duration, time_text=time_text,
                        preset_warning=preset_warning, md_table=md_table, overview_error=overview_error,
                        number=report_data.notebook_number)
     env.tests["num"] = _is_num
-    env.globals.update(marked_presets=MARKED_PRESETS, verdict_text=VERDICT_TEXT, fragile_html=Markup(FRAGILE_HTML),
-                       against_text=report_verdicts.AGAINST, halves_limit=report_verdicts.HALVES_LIMIT)
+    env.globals.update(marked_presets=MARKED_PRESETS, verdict_text=VERDICT_TEXT, against_text=report_verdicts.AGAINST,
+                       open_text=report_verdicts.OPEN, halves_limit=report_verdicts.HALVES_LIMIT,
+                       repeat_good=report_verdicts.REPEAT_GOOD)
     return env
 
 

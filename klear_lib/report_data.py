@@ -34,9 +34,17 @@ from typing import Any
 
 import pandas as pd
 
+from klear_lib import claims as claims_mod
 from klear_lib import runs
-from klear_lib.report_declared import ROLE_ORDER, declared_controls, retired_rows, untested_rows
-from klear_lib.report_verdicts import VERDICT_TEXT, annotate
+from klear_lib.report_declared import (
+    ROLE_ORDER,
+    declared_controls,
+    declared_guards,
+    not_tested_rows,
+    retired_rows,
+    untested_rows,
+)
+from klear_lib.report_verdicts import REPEAT_GOOD, VERDICT_TEXT, annotate
 
 REPORT_FILE = "report.html"
 REPRODUCE_FILE = "reproduce.json"  # written by `klear reproduce`
@@ -449,8 +457,9 @@ def claim_rows(latest: Mapping[str, RunInfo], params_folder: str | os.PathLike |
     primary claims first, then secondary ones, then checks (each group in notebook order); malformed claims are
     skipped with a warning naming the run. Each row also has ``short`` (``short_claim``), ``below_mde``, ``p``
     (Holm-adjusted for a secondary claim) and the marks of ``report_verdicts.annotate`` (the verdict's words, the
-    controls against the explanation, the A/A label, the replication check's flag; ``control_of`` from the
-    declarations in ``params_folder`` where a run did not write it)."""
+    sign count, the repeat chance of a decided verdict, the controls against or leaving open the explanation, the
+    failed checks that guard it, the A/A label, the split-half check's flag; ``control_of`` and ``guards`` from the
+    declarations in ``params_folder`` where a run did not write them)."""
     from klear_lib.claims import validate_claims
 
     out = []
@@ -467,7 +476,8 @@ def claim_rows(latest: Mapping[str, RunInfo], params_folder: str | os.PathLike |
         out += [{**c, "notebook": nb, "preset": run.preset, "start_per_seed": own_starts,
                  "short": short_claim(c["claim"]), "below_mde": below_mde(c),
                  "p": c.get("p_adjusted", c.get("p_value"))} for c in found]
-    annotate(out, declared_controls(latest, params_folder) if out else {})
+    annotate(out, declared_controls(latest, params_folder) if out else {},
+             declared_guards(latest, params_folder) if out else {})
     return sorted(out, key=lambda c: ROLE_ORDER[c["role"]])  # stable: notebook order within a role
 
 
@@ -475,7 +485,9 @@ def below_mde(r: Mapping) -> bool:
     """A decided claim (``reproduced`` / ``reversed``) whose effect is smaller than its MDE: the run had under 80%
     power for an effect of the size it saw, so a rerun on other noise (another machine trains other starts) may not
     repeat the verdict. Across two machine instances, 2 of the 3 verdicts that moved were of this kind
-    (``docs/results.md``, 2026-12-04)."""
+    (``docs/results.md``, 2026-12-04). The page shows the chance itself (the row's ``repeat``,
+    ``report_verdicts.repeat_chance``), which is under 0.8 exactly for these (the MDE is the effect a rerun
+    detects four times in five); this mark stays in the data."""
     mde = r.get("mde")
     return (r.get("verdict") in ("reproduced", "reversed") and isinstance(mde, (int, float))
             and math.isfinite(mde) and abs(r["effect"]) < mde)
@@ -494,10 +506,27 @@ class Claims:
     check_counts: dict[str, int]  # "pass" / "fail"
     marked: list[str]  # the marked presets (smoke, custom) some claim comes from
     own_starts: list[str]  # notebooks whose seeds each trained their own start (``start_per_seed``)
+    not_tested: list[dict] = dataclasses.field(default_factory=list)  # the paper's, declared not tested (not_tested.yaml)
 
     @property
     def fragile(self) -> list[dict]:
+        """Decided claims whose effect is below their MDE (``below_mde``)."""
         return [r for r in self.tested if r["below_mde"]]
+
+    @property
+    def unsure(self) -> list[dict]:
+        """Decided claims a rerun with as many seeds repeats with a chance under ``REPEAT_GOOD`` (0.8), or whose
+        chance cannot be estimated (no spread among the seeds)."""
+        return [r for r in self.tested if r["verdict"] != "inconclusive"
+                and (r.get("repeat") is None or r["repeat"] < REPEAT_GOOD)]
+
+    @property
+    def split_half_power(self) -> list[tuple[int, float]]:
+        """(seeds, chance) for every seed count of the tested claims with a split-half z: the chance that the check
+        flags a true shift of one paired sd between the halves at that many seeds (``claims.split_half_power``)."""
+        counts = sorted({r["seeds"] for r in self.tested if r.get("block_z") is not None and r["seeds"] >= 4},
+                        reverse=True)
+        return [(n, claims_mod.split_half_power(n)) for n in counts]
 
     @property
     def decided(self) -> int:
@@ -508,6 +537,17 @@ class Claims:
         """Reproduced primaries with a declared control that came out reversed (``report_verdicts.annotate``)."""
         return sum(bool(r.get("controls_against")) for r in self.tested)
 
+    @property
+    def open(self) -> int:
+        """Reproduced primaries with no control against the paper's explanation and one that came out inconclusive:
+        the direction holds, the explanation is open (``report_verdicts.annotate``)."""
+        return sum(bool(r.get("controls_open")) and not r.get("controls_against") for r in self.tested)
+
+    @property
+    def guarded(self) -> list[dict]:
+        """Tested claims that a failed check guards (``guards``): their verdicts are not to be trusted."""
+        return [r for r in self.tested if r.get("guard_failures")]
+
 
 def gather_claims(latest: Mapping[str, RunInfo], params_folder: str | os.PathLike | None = None) -> Claims:
     rows = claim_rows(latest, params_folder)
@@ -517,6 +557,7 @@ def gather_claims(latest: Mapping[str, RunInfo], params_folder: str | os.PathLik
         tested=tested, checks=checks,
         untested=untested_rows(latest, params_folder) if rows else [],
         retired=retired_rows(latest, params_folder) if rows else [],
+        not_tested=not_tested_rows(latest, params_folder) if rows else [],
         counts={v: sum(r["verdict"] == v for r in tested) for v in VERDICT_TEXT},
         primary={v: sum(r["verdict"] == v for r in tested if r["role"] == "primary") for v in VERDICT_TEXT},
         check_counts={v: sum(r["verdict"] == v for r in checks) for v in ("pass", "fail")},
@@ -548,6 +589,16 @@ class Card:
     presets: list[str]  # every preset of the runs, in notebook order
     sandboxes: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # code sandbox mode -> notebooks
     reproduce_s: float | None = None  # `klear reproduce`'s own total, where it wrote reproduce.json
+
+    @property
+    def familywise(self) -> dict | None:
+        """``{"k", "alpha", "rate"}``: the chance that at least one of the card's k primary claims comes out decided
+        (reproduced or reversed) when none has an effect, each held to the rule's level (at most 5% on null data,
+        measured): ``1 - (1 - alpha)^k`` for independent claims (``claims.familywise_rate``). None below 2."""
+        k = sum(r["role"] == "primary" for r in self.rows)
+        if k < 2:
+            return None
+        return {"k": k, "alpha": claims_mod.ALPHA, "rate": claims_mod.familywise_rate(k, claims_mod.ALPHA)}
 
 
 def make_card(latest: Mapping[str, RunInfo], claims_: Claims, *, seconds: Mapping[str, Any] | None = None,

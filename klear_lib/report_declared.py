@@ -1,6 +1,8 @@
 """The claims the report lists apart from the tested ones, read from what the notebooks declare beside their presets:
-those a run did not make (``claims.yaml``: what each needs of the parameters, against what the run had) and those a
-notebook no longer tests (``retired.yaml``, with their last result). Neither is counted."""
+those a run did not make at its preset (``claims.yaml``: what each needs of the parameters, against what the run
+had), those a notebook no longer tests (``retired.yaml``, with their last result) and the paper's claims a notebook
+declares it does not test at all (``not_tested.yaml``, with why). None is counted. Also read from the declarations,
+for runs written before claims carried them: each secondary's ``control_of`` and each check's ``guards``."""
 
 from __future__ import annotations
 
@@ -86,4 +88,31 @@ def declared_controls(latest: Mapping[str, Any], params_folder: str | os.PathLik
     for nb in latest:
         declared = _declared(params_folder, nb, notebook.CLAIMS_FILE, claims.load_declared) or {}
         out.update({(nb, cid): d["control_of"] for cid, d in declared.items() if d.get("control_of")})
+    return out
+
+
+def not_tested_rows(latest: Mapping[str, Any], params_folder: str | os.PathLike | None = None) -> list[dict]:
+    """The paper's claims each notebook of these runs declares it does not test (``params/<notebook>/not_tested.yaml``,
+    ``claims.load_not_tested``): one row each with the notebook, the claim, its source and the reason. Listed apart
+    from the tested claims and never counted; a file that cannot be read is named in a warning (``_declared``)."""
+    from klear_lib import claims, notebook
+
+    out = []
+    for nb in latest:
+        entries = _declared(params_folder, nb, notebook.NOT_TESTED_FILE, claims.load_not_tested) or {}
+        out.extend({"notebook": nb, **entry} for entry in entries.values())
+    return out
+
+
+def declared_guards(latest: Mapping[str, Any], params_folder: str | os.PathLike | None = None
+                    ) -> dict[tuple[str, str], list[str]]:
+    """(notebook, check id) -> the claim ids it guards, as each notebook of these runs declares it now (``guards`` in
+    ``params/<notebook>/claims.yaml``): the report reads a run written before checks carried ``guards`` with them.
+    A check the run wrote with ``guards`` keeps its own."""
+    from klear_lib import claims, notebook
+
+    out = {}
+    for nb in latest:
+        declared = _declared(params_folder, nb, notebook.CLAIMS_FILE, claims.load_declared) or {}
+        out.update({(nb, cid): list(d["guards"]) for cid, d in declared.items() if d.get("guards")})
     return out

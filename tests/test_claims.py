@@ -642,3 +642,14 @@ def test_the_claims_a_notebook_does_not_test_are_listed_with_why(tmp_path):
         path.write_text(text)
         with pytest.raises(ValueError, match=message):
             claims.load_not_tested(path)
+
+
+@pytest.mark.parametrize("path", sorted(PARAMS.glob("*/not_tested.yaml")), ids=lambda p: p.parent.name)
+def test_every_not_tested_file_of_the_checkout_reads(path):
+    """The checkout's not_tested.yaml files are what the report lists: each reads, ids distinct within its notebook
+    and none also declared as a tested claim beside it."""
+    entries = claims.load_not_tested(path)
+    assert entries
+    declared = path.with_name("claims.yaml")
+    if declared.is_file():
+        assert not set(entries) & set(claims.load_declared(declared))

@@ -1,6 +1,7 @@
 """klear_lib.report: run statuses read from synthetic run directories, and the self-contained HTML page."""
 
 import base64
+from html import escape as html_escape
 import json
 import math
 import os
@@ -292,37 +293,50 @@ def test_the_report_opens_with_every_claim_and_its_verdict_and_marks_smoke_runs(
     assert '<span class="badge ran">ran</span>' in html and '<span class="badge ok">' not in html
 
 
-def test_a_verdict_smaller_than_its_mde_is_marked_and_counted_and_the_seeds_say_whose_starts(tmp_path):
+def test_a_decided_verdict_shows_its_repeat_chance_an_inconclusive_one_its_mde_and_the_seeds_say_whose_starts(
+        tmp_path):
     from klear_lib import claims
 
     seeds = range(6)
-    # paired differences 0.02 x5 and 0.06: mean 1.63 sd, above the t-test's 1.05 sd at 6 seeds (reproduced: every
-    # sign positive, p 0.031) and below the rule's MDE, 1.80 sd
+    # paired differences 0.02 x5 and 0.06: mean 0.16 / 6 = 0.02667, sd sqrt((5 · 0.00667² + 0.03333²) / 5) = 0.01633,
+    # 1.63 sd: above the t-test's 1.05 sd at 6 seeds (reproduced: every sign positive, p 0.031) and below the rule's
+    # MDE, 1.80 sd, so a rerun repeats it with a chance under 80%
     near = claims.paired_claim("near", "a claim at the edge", "Fig. 1", "auc",
                                {s: 0.5 + (0.06 if s == 5 else 0.02) for s in seeds}, {s: 0.5 for s in seeds})
     clear = claims.paired_claim("clear", "a clear claim", "Fig. 2", "auc", {s: 0.6 + 0.01 * s for s in seeds},
                                 {s: 0.5 for s in seeds}, role="secondary")
     flat = claims.paired_claim("flat", "a null claim", "Fig. 3", "auc", {s: 0.5 + 0.01 * (s % 2) for s in seeds},
                                {s: 0.5 + 0.01 * ((s + 1) % 2) for s in seeds})
+    assert near["sd"] == pytest.approx(0.016330, abs=1e-6) and near["effect"] / near["sd"] == pytest.approx(1.633, abs=1e-3)
     assert near["verdict"] == "reproduced" and abs(near["effect"]) < near["mde"]
     assert clear["verdict"] == "reproduced" and clear["effect"] > clear["mde"]
     assert flat["verdict"] == "inconclusive"
     assert [report.below_mde(c) for c in (near, clear, flat)] == [True, False, False]
     make_run(tmp_path, "03_rl", "20250101-120000", summary={"claims": [near], "start_per_seed": True})
     make_run(tmp_path, "06_alpha", "20250101-120000", summary={"claims": claims.finalize([flat, clear])})
+    rows = {r["id"]: r for r in report.gather(tmp_path).claims.tested}
+    # one secondary in 06: its level is 0.05 / 1; the chance is the rule's at the measured effect / sd and seeds
+    expected = {cid: claims.repeat_probability(rows[cid]["effect"] / rows[cid]["sd"], 6) for cid in ("near", "clear")}
+    assert rows["near"]["repeat"] == pytest.approx(expected["near"]) and expected["near"] < 0.8
+    assert rows["clear"]["repeat"] == pytest.approx(expected["clear"]) and expected["clear"] > 0.8
+    assert rows["flat"]["repeat"] is None
     html = report.render_report(tmp_path).read_text()
     part = html[html.index("<h2>Claims</h2>"):html.index("<h2>Overview</h2>")]
-    assert "1 of the 2 decided verdicts is smaller than its MDE" in part and "may not repeat it." in part
-    rows = {cid: part[part.index(f'<span class="meta">{cid}</span>'):] for cid in ("near", "clear", "flat")}
-    rows = {cid: row[:row.index("</tr>")] for cid, row in rows.items()}
-    assert report.FRAGILE_HTML in rows["near"]
-    assert report.FRAGILE_HTML not in rows["clear"] and report.FRAGILE_HTML not in rows["flat"]
-    assert "a start each" in rows["near"] and "one start" in rows["clear"] and "one start" in rows["flat"]
-    # no decided verdict below its MDE: no such paragraph
+    assert "1 of the 2 decided verdicts repeats with a chance under 80%" in part and "quote it with the interval" in part
+    cells = {cid: part[part.index(f'<span class="meta">{cid}</span>'):] for cid in ("near", "clear", "flat")}
+    cells = {cid: row[:row.index("</tr>")] for cid, row in cells.items()}
+    assert f"repeats {html_escape(report.percent(expected['near']))}" in cells["near"]
+    assert f"repeats {html_escape(report.percent(expected['clear']))}" in cells["clear"]
+    assert "repeats" not in cells["flat"] and f'<td class="num">{report.num(flat["mde"])}</td>' in cells["flat"]
+    assert "below the MDE" not in part  # the chance replaced the mark
+    assert "a start each" in cells["near"] and "one start" in cells["clear"] and "one start" in cells["flat"]
+    card = html[html.index('class="card"'):html.index("<h2>Claims</h2>")]
+    assert f"repeats {html_escape(report.percent(expected['near']))}" in card
+    # no decided verdict under 80%: no such sentence
     make_run(tmp_path, "03_rl", "20250102-120000", summary={"claims": [clear | {"role": "primary"}]})
     make_run(tmp_path, "06_alpha", "20250102-120000", summary={"claims": [flat]})
     part = report.render_report(tmp_path).read_text()
-    assert "smaller than" not in part and report.FRAGILE_HTML not in part
+    assert "with a chance under" not in part
 
 
 def _declare(folder, nb, entries):
@@ -368,12 +382,12 @@ def test_declared_claims_a_run_did_not_test_are_listed_with_what_they_need(tmp_p
     html = report.render_report(out).read_text()
     part = html[html.index("<h2>Claims</h2>"):html.index("<h2>Overview</h2>")]
     assert "2 claims tested against the papers (1 primary" in part  # the untested ones are not counted
-    assert "4 declared claims were not tested by these runs, each listed below with why" in part
-    untested = part[part.index("<h3>Declared, not tested"):]
+    assert "4 declared claims were not made at these runs' presets, each listed below with why" in part
+    untested = part[part.index("<h3>Not made at this preset"):]
     assert "the claim half" in untested and "arms: mask, half (this run: dapo,erc,mask)" in untested
     assert "the claim mask" not in untested and "the claim primary" not in untested
     monkeypatch.setenv("KLEAR_PARAMS_DIR", str(tmp_path / "nowhere"))  # no declarations to read: no such list
-    assert "Declared, not tested" not in report.render_report(out).read_text()
+    assert "Not made at this preset" not in report.render_report(out).read_text()
 
 
 def test_damaged_metrics_are_named_and_marked(tmp_path):

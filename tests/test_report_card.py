@@ -3,6 +3,7 @@
 place, every value the page template prints HTML-escaped, and the CPU time `klear run` records."""
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -176,13 +177,24 @@ def test_report_md_is_the_card_as_a_markdown_table(three):
     assert path == three / "report.md" and not (three / "report.html").exists()  # the page is render_report's
     text = path.read_text()
     assert text.startswith("# Klear report card\n")
+    # differences 0.10-0.15 and -0.20 to -0.25 over 6 seeds: mean ± t(0.975, 5) · sd / √6 = ± 0.0196; sd 0.0187, so
+    # 6.7 paired sds: a rerun repeats either verdict with a chance above 99%; the halves (0.10-0.12 against
+    # 0.13-0.15) differ by 0.03 over a within-half sd of 0.01: t -3.67 on 4 df, z -2.30. 03's every seed goes the
+    # paper's way, 04's none (reversed)
+    sd = math.sqrt(sum((0.1 + 0.01 * s - 0.125) ** 2 for s in SEEDS) / 5)
+    assert claims.repeat_probability(0.125 / sd, 6) > 0.99
     assert md_rows(text) == [
-        ["nb", "primary claim", "verdict", "effect [95% interval]", "halves z", "seeds", "starts"],
-        # differences 0.10-0.15 and -0.20 to -0.25 over 6 seeds: mean ± t(0.975, 5) · sd / √6 = ± 0.0196; the halves
-        # (0.10-0.12 against 0.13-0.15) differ by 0.03 over a within-block sd of 0.01: t -3.67 on 4 df, z -2.30
-        ["03", "GPPO learns faster than DAPO's clip-higher", "reproduced", "+0.125 [+0.105, +0.145]", "-2.3", "6",
-         "a start each"],
-        ["04", "ERC stabilises RL", "reversed", "-0.225 [-0.245, -0.205]", "+2.3", "6", "one start"]]
+        ["nb", "primary claim", "verdict", "effect [95% interval]", "seeds in the paper's direction", "split-half z",
+         "seeds", "starts"],
+        ["03", "GPPO learns faster than DAPO's clip-higher", "reproduced (repeats >99%)", "+0.125 [+0.105, +0.145]",
+         "6 of 6 seeds in the paper's direction", "-2.3", "6", "a start each"],
+        ["04", "ERC stabilises RL", "reversed (repeats >99%)", "-0.225 [-0.245, -0.205]",
+         "0 of 6 seeds in the paper's direction", "+2.3", "6", "one start"]]
+    # two primaries held to 5% each: 1 - 0.95² = 9.75% by chance where neither has an effect
+    assert ("- By chance: with 2 primary claims each held to 5%, at least one would come out reproduced or reversed "
+            "~10% of the time if none had an effect (1 − (1 − 0.05)^2, for independent claims under the null).") in text
+    assert "- Split-half z: a consistency check inside the run, never the verdict and not a replication" in text
+    assert f"{report.percent(claims.split_half_power(6))} of the time at 6 seeds" in text
     assert len({len(line) for line in text.splitlines() if line.startswith("|")}) == 1  # padded: a table on a terminal
     assert ("- Verdicts: 3 claims tested: 1 reproduced, 1 reversed, 1 inconclusive (primary: 1 reproduced, 1 reversed, "
             "0 inconclusive); 3 checks: 2 pass, 1 fail") in text
@@ -196,7 +208,7 @@ def test_a_pipe_in_a_claim_stays_in_its_cell_and_smoke_runs_are_marked(tmp_path)
     up = claims.paired_claim("p", "a | b beats c", "Fig. 1", "auc", rising(0.6), flat())
     make_run(tmp_path, "01_sft", "20250101-120000", summary={"claims": [up]}, preset="smoke")
     text = report.card_markdown(report_data.gather(tmp_path).card)
-    assert md_rows(text)[1][:3] == ["01 (smoke)", "a \\| b beats c", "reproduced"]
+    assert md_rows(text)[1][:3] == ["01 (smoke)", "a \\| b beats c", "reproduced (repeats >99%)"]
     assert "their numbers and verdicts mean nothing" in text
 
 

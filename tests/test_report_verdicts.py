@@ -1,7 +1,7 @@
 """What the report says beside a verdict (klear_lib.report_verdicts), on hand-built claims: why an inconclusive claim
-whose interval excludes 0 is inconclusive (the sign-flip test, a tied seed, Holm), a reproduced primary whose
-declared control came out reversed, the replication check (halves z) and its flag, and the A/A pair's label in the
-claims table and the forest plot, on the primary's standardised axis."""
+whose interval excludes 0 is inconclusive (the sign-flip test, a tie, Holm), a reproduced primary whose declared
+control came out reversed, the split-half check (split-half z) and its flag, and the A/A pair's label in the claims
+table and the forest plot, on the primary's standardised axis."""
 
 import pytest
 from test_report import make_run
@@ -38,10 +38,14 @@ def test_why_an_interval_that_excludes_0_is_still_inconclusive():
     assert report_verdicts.undecided_because(flip) == {
         "short": "sign-flip p = 0.062",
         "text": "the interval excludes 0, but the sign-flip test does not agree (p = 0.062 > 0.05)"}
+    # the tie named for what it is: both arms gave the same read-out (0.5 + 0 and 0.5), recorded in tied_at
+    assert tied["tied_at"] == {"5": 0.5}
     assert report_verdicts.undecided_because(tied) == {
-        "short": "1 tied seed",
-        "text": "the interval excludes 0, but 1 tied seed (a paired difference of 0) leaves the sign-flip test 5 "
-                "signs to flip: its p cannot go below 0.062 (p = 0.062 > 0.05)"}
+        "short": "a tie (1 of 6 seeds equal, both arms at 0.5)",
+        "text": "the interval excludes 0, but a tie (1 of 6 seeds equal, both arms at 0.5) leaves the sign-flip test "
+                "5 signs to flip: its p cannot go below 0.062 (p = 0.062 > 0.05)"}
+    old = {k: v for k, v in tied.items() if k != "tied_at"}  # a run written before claims recorded the tied value
+    assert report_verdicts.undecided_because(old)["short"] == "a tie (1 of 6 seeds equal in both arms)"
     assert report_verdicts.undecided_because(two[1]) == {
         "short": "Holm p = 0.062",
         "text": "the interval excludes 0 (p = 0.031), but Holm's adjustment over the notebook's secondary claims "
@@ -74,11 +78,17 @@ def test_the_verdict_cell_says_why_in_the_page_and_the_card(tmp_path):
     card = html[html.index('class="card"'):html.index("<h2>Claims</h2>")]
     assert "interval excludes 0; sign-flip p = 0.062" in card
     text = report.card_markdown(report_data.gather(tmp_path).card)
-    assert md_rows(text)[1][2] == "inconclusive (interval excludes 0; sign-flip p = 0.062)"
+    # an inconclusive row shows its MDE; three secondaries at 6 seeds: Holm's first level 0.05 / 3 is below the
+    # sign-flip test's floor 2^-5, so none is detectable
+    mde = {c["id"]: "∞: none detectable at these seeds" if c.get("undetectable") else report.num(c["mde"])
+           for c in listed}
+    assert [c["id"] for c in listed if c.get("undetectable")] == ["s1", "s2", "null"]
+    assert md_rows(text)[1][2] == f"inconclusive (MDE {mde['main']}; interval excludes 0; sign-flip p = 0.062)"
     one = report.card_markdown(report_data.run_card(report_data.gather(tmp_path).latest["03_rl"]), single=True)
-    assert [r[2] for r in md_rows(one)[1:]] == ["inconclusive (interval excludes 0; sign-flip p = 0.062)",
-                                               "inconclusive (interval excludes 0; Holm p = 0.094)",
-                                               "inconclusive (interval excludes 0; Holm p = 0.094)", "inconclusive"]
+    assert [r[2] for r in md_rows(one)[1:]] == [
+        f"inconclusive (MDE {mde['main']}; interval excludes 0; sign-flip p = 0.062)",
+        f"inconclusive (MDE {mde['s1']}; interval excludes 0; Holm p = 0.094)",
+        f"inconclusive (MDE {mde['s2']}; interval excludes 0; Holm p = 0.094)", f"inconclusive (MDE {mde['null']})"]
 
 
 def controlled(control_of=True):
@@ -117,14 +127,22 @@ def test_a_reproduced_primary_with_a_reversed_control_is_phrased_and_counted_apa
     card = html[html.index('class="card"'):html.index("<h2>Claims</h2>")]
     assert "(primary: 2 reproduced, of which 1 with a control against the paper&#x27;s explanation" in card
     text = report.card_markdown(page.card)
-    assert md_rows(text)[1][2] == ("reproduced (a control against the paper's explanation: GPPO learns faster than "
-                                   "PPO-clip at twice the learning rate)")
+    assert md_rows(text)[1][2] == ("reproduced (repeats >99%; a control against the paper's explanation: GPPO learns "
+                                   "faster than PPO-clip at twice the learning rate)")
     assert "(primary: 2 reproduced, of which 1 with a control against the paper's explanation, 0 reversed" in text
-    # a control that is not reversed, or a primary that is not reproduced: the usual words, nothing counted apart
+    # a control that is not reversed but inconclusive: the explanation is left open (test_an_inconclusive_control_...)
     listed[1].update(verdict="inconclusive", p_adjusted=1.0)
     make_run(tmp_path, "03_rl", "20250102-120000", summary={"claims": [listed[0], listed[1]]})
     again = report_data.gather(tmp_path)
-    assert again.claims.against == 0 and "of which" not in report.render_report(tmp_path).read_text()
+    assert again.claims.against == 0 and again.claims.open == 1
+    assert "with a control against" not in report.render_report(tmp_path).read_text()
+    # a reproduced control, or a primary that is not reproduced: the usual words, nothing counted apart
+    listed[1].update(verdict="reproduced", p_adjusted=listed[1]["p_value"], effect=-listed[1]["effect"],
+                     ci_low=-listed[1]["ci_high"], ci_high=-listed[1]["ci_low"],
+                     per_seed={k: -v for k, v in listed[1]["per_seed"].items()})
+    make_run(tmp_path, "03_rl", "20250103-120000", summary={"claims": [listed[0], listed[1]]})
+    again = report_data.gather(tmp_path)
+    assert again.claims.against == again.claims.open == 0 and "of which" not in report.render_report(tmp_path).read_text()
 
 
 def test_a_run_written_before_claims_carried_control_of_reads_it_from_the_declarations(tmp_path, monkeypatch):
@@ -141,22 +159,23 @@ def test_a_run_written_before_claims_carried_control_of_reads_it_from_the_declar
     assert page.claims.against == 1 and AGAINST_WORDS in report.render_report(out).read_text()
 
 
-def test_the_replication_check_is_a_column_flagged_at_three_and_old_runs_show_a_dash(tmp_path):
+def test_the_split_half_check_is_a_column_flagged_at_three_and_old_runs_show_a_dash(tmp_path):
     apart, even = claim("apart", HALVES_APART), claim("even", ALL_UP, role="secondary")
     assert apart["verdict"] == "reproduced" and apart["block_z"] < -3 < 3 > abs(even["block_z"])
     old = {k: v for k, v in claim("old", ALL_UP, role="secondary").items() if k != "block_z"}  # before block_z
     make_run(tmp_path, "03_rl", "20250101-120000", summary={"claims": claims.finalize([apart, even, old])})
     html = report.render_report(tmp_path).read_text()
     part = claims_part(html)
-    assert "<th>halves z</th>" in part and "a replication check, never the verdict" in part
+    assert "<th>split-half z</th>" in part and "a consistency check inside the run, never the verdict" in part
+    assert "halves z" not in html and "replication check" not in html
     assert "|z| ≥ 3: the halves disagree" in row("apart", part) and '<td class="num flag">-5.56' in row("apart", part)
     assert "the halves disagree" not in row("even", part)
     assert f'<td class="num">{report.signed(even["block_z"])}</td>' in row("even", part)
     assert '<td class="num">–</td>' in row("old", part)  # no block_z recorded: the page still renders
     one = report.card_markdown(report_data.run_card(report_data.gather(tmp_path).latest["03_rl"]), single=True)
     table = md_rows(one)
-    assert table[0][4] == "halves z" and table[1][4] == "-5.56 (beyond ±3)" and table[3][4] == "–"
-    assert "- Halves z: the replication check, never the verdict" in one
+    assert table[0][5] == "split-half z" and table[1][5] == "-5.56 (beyond ±3)" and table[3][5] == "–"
+    assert "- Split-half z: a consistency check inside the run, never the verdict and not a replication" in one
 
 
 def aa_rows():
