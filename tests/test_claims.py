@@ -653,3 +653,21 @@ def test_every_not_tested_file_of_the_checkout_reads(path):
     declared = path.with_name("claims.yaml")
     if declared.is_file():
         assert not set(entries) & set(claims.load_declared(declared))
+
+
+def test_02s_bases_check_guards_every_claim_of_its_notebook_at_every_preset():
+    """02's ``bases_learned`` guards its primary and secondaries: at each preset the check the notebook writes
+    (``declared_check``, as ``sft_bases.Bases.check`` calls it) carries them, and finalize accepts it beside the
+    claims the preset makes (a guarded claim the preset does not make, 02's easy subset at tiny, is no error)."""
+    root = Path(__file__).resolve().parents[1]
+    name = "02_sft_accuracy_filtering"
+    declared = claims.load_declared(root / "params" / name / "claims.yaml")
+    tested = sorted(i for i, d in declared.items() if d["role"] != "check")
+    assert sorted(declared["bases_learned"]["guards"]) == tested
+    defaults = {k: v["default"] for k, v in presets.notebook_parameters(root / "notebooks" / f"{name}.ipynb").items()}
+    a, b = {s: 0.5 + 0.1 * s for s in range(6)}, {s: 0.4 for s in range(6)}
+    for preset in presets.list_presets(name, root / "params"):
+        made = claims.made(declared, {**defaults, **presets.load_params(name, preset, params_dir=root / "params")})
+        got = [claims.declared_claim(made, cid, a, b) for cid, d in made.items() if d["role"] != "check"]
+        got.append(claims.declared_check(made, "bases_learned", False, 0.5, criterion="every base >= 0.8"))
+        assert claims.finalize(got, made)[-1]["guards"] == declared["bases_learned"]["guards"], preset

@@ -248,3 +248,17 @@ def test_the_papers_claims_a_notebook_does_not_test_are_listed_apart_and_not_cou
     with pytest.warns(UserWarning, match=r"not_tested.yaml entry 0 \(a\): missing key\(s\) \['reason'\]"):
         html = report.render_report(out).read_text()
     assert "Declared, not tested" not in html
+
+
+def test_an_old_run_of_02_reads_its_bases_check_guards_from_the_checkout(tmp_path):
+    """A run of 02 written before checks carried ``guards``: the checkout's claims.yaml says bases_learned guards
+    the primary, so a failed bases check marks it."""
+    nb = "02_sft_accuracy_filtering"
+    primary = claims.paired_claim("hard.mixed_vs_only_true", "Mixed beats Only-True on hard problems", "s", "m",
+                                  {s: 0.5 + d for s, d in enumerate(UP8)}, dict.fromkeys(range(8), 0.5))
+    check = claims.check("bases_learned", "every base learned", "s", "m", False, 0.61, criterion="every base >= 0.8")
+    assert "guards" not in check
+    make_run(tmp_path, nb, "20250101-120000", summary={"claims": [primary, check]})
+    row_ = report_data.gather(tmp_path).claims.tested[0]
+    assert row_["guard_failures"] == ["its check bases_learned failed (0.61 against every base >= 0.8): this verdict "
+                                      "is not to be trusted"]
