@@ -29,7 +29,8 @@ notebook: ``finalize``), ``check`` (a positive control or pipeline check: ``pass
 show, never a verdict, never counted in the tally). A secondary that tests a rival explanation of the primary's
 effect (the same comparison with volume, step size or the number of stopped tokens held equal) declares
 ``control_of: <the primary's id>``: the report then reads a reproduced primary beside a reversed control as the
-paper's direction without the paper's explanation. Every claim carries its ``mde``: the smallest effect the run
+paper's direction without the paper's explanation, and beside an inconclusive one as the direction with its
+explanation left open. Every claim carries its ``mde``: the smallest effect the run
 had 80% power to detect at its seeds and measured paired sd (``mde``: the t-test's normal-theory formula, and
 from 6 to 15 seeds the whole rule's simulated value). A check may declare ``guards: [claim ids]`` (claims of the
 same file): where it fails, the report marks each of those verdicts as not to be trusted. Beside the tested claims a
