@@ -506,7 +506,7 @@ class Claims:
     check_counts: dict[str, int]  # "pass" / "fail"
     marked: list[str]  # the marked presets (smoke, custom) some claim comes from
     own_starts: list[str]  # notebooks whose seeds each trained their own start (``start_per_seed``)
-    not_tested: list[dict] = dataclasses.field(default_factory=list)  # the paper's, declared not tested (not_tested.yaml)
+    not_tested: list[dict] = dataclasses.field(default_factory=list)  # the papers' claims declared not tested
 
     @property
     def fragile(self) -> list[dict]:

@@ -26,7 +26,7 @@ DECIDED = ("reproduced", "reversed")
 # primary pairs its arms on one seed, which removes the sampling noise of the stream; the A/A keeps it. So the A/A's
 # spread is an upper bound on the noise the primary sees, not the primary's noise floor.
 AA_LABEL = "A/A (a second seed stream: noise the primary's pairing removes)"
-HALVES_LIMIT = claims.SPLIT_HALF_LIMIT  # |split-half z| at or above this flags a run (0.27% under the rule's assumptions)
+HALVES_LIMIT = claims.SPLIT_HALF_LIMIT  # |split-half z| at or above this flags a run (0.27% under the assumptions)
 AGAINST = "a control against the paper's explanation"
 OPEN = "its explanation left open by a control"
 REPEAT_GOOD = 0.8  # a decided verdict that repeats with a lower chance is counted apart (its effect is below its MDE)

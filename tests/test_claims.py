@@ -626,7 +626,8 @@ def test_the_claims_a_notebook_does_not_test_are_listed_with_why(tmp_path):
     reason (non-empty strings); errors name the file, the entry and the key; no file, no list."""
     path = tmp_path / "not_tested.yaml"
     assert claims.load_not_tested(path) == {}
-    path.write_text("- {id: code.top2, claim: Top-2 beats Top-1 for code, source: 'Klear §3', reason: no code sources}\n")
+    path.write_text("- {id: code.top2, claim: Top-2 beats Top-1 for code, source: 'Klear §3',\n"
+                    "   reason: no code sources}\n")
     assert claims.load_not_tested(path) == {"code.top2": {"id": "code.top2", "claim": "Top-2 beats Top-1 for code",
                                                           "source": "Klear §3", "reason": "no code sources"}}
     for text, message in [

@@ -45,7 +45,8 @@ def test_the_repeat_chance_is_the_rules_own_rate_on_simulated_runs(n, delta, alp
     the same way: within three Monte Carlo standard errors, plus the stand-in's measured error (at most about 4
     points low at 6-7 seeds, where the sign-flip condition is coarse; about 2 points high beyond the table)."""
     got = claims.repeat_probability(delta, n, alpha=alpha)
-    share, se = _rule_share(n, delta, alpha=alpha, sets=800 if n >= 14 else 1500, seed=zlib.crc32(f"{n}{delta}".encode()))
+    share, se = _rule_share(n, delta, alpha=alpha, sets=800 if n >= 14 else 1500,
+                            seed=zlib.crc32(f"{n}{delta}".encode()))
     assert share - 3 * se - 0.045 <= got <= share + 3 * se + 0.025, (got, share)
 
 
@@ -119,14 +120,16 @@ def test_identical_differences_below_six_seeds_never_give_p_0_or_a_zero_width_in
     """Every seed the same non-zero difference: no spread, so the rule takes the sign-flip p, 2^(1-n) (0.25, 0.125,
     0.0625: all above 0.05), and shows the interval mean ± |mean|, which holds 0; the claim is inconclusive and its
     MDE null (the formula's 0 would say any effect is detectable)."""
-    c = claims.paired_claim("x", "a beats b", "T", "m", {s: 0.5 + value for s in range(n)}, dict.fromkeys(range(n), 0.5))
+    c = claims.paired_claim("x", "a beats b", "T", "m", {s: 0.5 + value for s in range(n)},
+                            dict.fromkeys(range(n), 0.5))
     assert c["p_t"] == c["p_value"] == pytest.approx(2.0 ** (1 - n)) and c["p_value"] > 0.05
     assert c["ci_high"] - c["ci_low"] == pytest.approx(2 * abs(value), rel=1e-6) and c["ci_high"] > c["ci_low"]
     assert c["ci_low"] <= 0 <= c["ci_high"]  # the interval holds 0, which the test cannot exclude
     assert c["verdict"] == "inconclusive" and c["sd"] == 0 and c["mde"] is None
     claims.validate_claims([c])
     # from 6 seeds the rule is what it was: p 2^(1-n) from the sign-flip test, every other mean excluded
-    six = claims.paired_claim("x", "a beats b", "T", "m", {s: 0.5 + value for s in range(6)}, dict.fromkeys(range(6), 0.5))
+    six = claims.paired_claim("x", "a beats b", "T", "m", {s: 0.5 + value for s in range(6)},
+                              dict.fromkeys(range(6), 0.5))
     assert six["p_value"] == pytest.approx(1 / 32) and six["verdict"] == ("reproduced" if value > 0 else "reversed")
 
 

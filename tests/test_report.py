@@ -1,11 +1,11 @@
 """klear_lib.report: run statuses read from synthetic run directories, and the self-contained HTML page."""
 
 import base64
-from html import escape as html_escape
 import json
 import math
 import os
 import re
+from html import escape as html_escape
 
 import nbformat
 import pytest
@@ -307,7 +307,8 @@ def test_a_decided_verdict_shows_its_repeat_chance_an_inconclusive_one_its_mde_a
                                 {s: 0.5 for s in seeds}, role="secondary")
     flat = claims.paired_claim("flat", "a null claim", "Fig. 3", "auc", {s: 0.5 + 0.01 * (s % 2) for s in seeds},
                                {s: 0.5 + 0.01 * ((s + 1) % 2) for s in seeds})
-    assert near["sd"] == pytest.approx(0.016330, abs=1e-6) and near["effect"] / near["sd"] == pytest.approx(1.633, abs=1e-3)
+    assert near["sd"] == pytest.approx(0.016330, abs=1e-6)
+    assert near["effect"] / near["sd"] == pytest.approx(1.633, abs=1e-3)
     assert near["verdict"] == "reproduced" and abs(near["effect"]) < near["mde"]
     assert clear["verdict"] == "reproduced" and clear["effect"] > clear["mde"]
     assert flat["verdict"] == "inconclusive"
@@ -322,7 +323,8 @@ def test_a_decided_verdict_shows_its_repeat_chance_an_inconclusive_one_its_mde_a
     assert rows["flat"]["repeat"] is None
     html = report.render_report(tmp_path).read_text()
     part = html[html.index("<h2>Claims</h2>"):html.index("<h2>Overview</h2>")]
-    assert "1 of the 2 decided verdicts repeats with a chance under 80%" in part and "quote it with the interval" in part
+    assert "1 of the 2 decided verdicts repeats with a chance under 80%" in part
+    assert "quote it with the interval" in part
     cells = {cid: part[part.index(f'<span class="meta">{cid}</span>'):] for cid in ("near", "clear", "flat")}
     cells = {cid: row[:row.index("</tr>")] for cid, row in cells.items()}
     assert f"repeats {html_escape(report.percent(expected['near']))}" in cells["near"]
