@@ -50,7 +50,7 @@ def list_notebooks(notebooks_dir: str | os.PathLike) -> list[pathlib.Path]:
     return sorted(p for p in pathlib.Path(notebooks_dir).glob("*.ipynb") if not p.name.startswith("."))
 
 
-NOT_PRESETS = {"claims", "retired", "not_tested"}  # params/<notebook>/claims.yaml, retired.yaml, not_tested.yaml: claims
+NOT_PRESETS = {"claims", "retired", "not_tested"}  # params/<notebook>/<these>.yaml: claims, not presets
 
 
 def list_presets(name: str, params_dir: str | os.PathLike) -> list[str]:
