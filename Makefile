@@ -92,7 +92,8 @@ test: $(STAMP)
 	@# stream, 03, 04, 06 and 07 (they share the SFT starts cached in .nbval/runs, trained by the first that needs one),
 	@# and beside it, in two processes of their own, the tests that check the host unchanged around a hostile program:
 	@# no test of theirs shares a process tree with another test, and what they compare (their own descendants, sockets
-	@# and planted files; the top level of home and checkout) neither the notebooks nor the other host process change,
+	@# and planted files; the top level of home and checkout, the other process's planted home secret excepted)
+	@# neither the notebooks nor the other host process change,
 	@# and a unit test might. Then the
 	@# report (00_*), which gathers the notebooks' runs. Logs of what ran beside are printed when it is done.
 	$(PY) -m pytest -p no:cacheprovider $(NBVAL) $$(ls .nbval/*.ipynb | grep -v -e /00_ $(NB_STREAM_2:%=-e /%.ipynb)) \
