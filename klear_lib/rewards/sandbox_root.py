@@ -227,7 +227,7 @@ def map_files(paths, *, lock: bool = True) -> ResidentFiles:
         out.files += 1
         out.bytes += st.st_size
         if lock and not failed and libc.mlock(addr, st.st_size) != 0:
-            failed = ctypes.get_errno()
+            failed = ctypes.get_errno() or errno.ENOMEM
             soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
             if soft != hard:  # as far as we may, then once more
                 resource.setrlimit(resource.RLIMIT_MEMLOCK, (hard, hard))
