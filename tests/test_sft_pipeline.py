@@ -188,7 +188,8 @@ def test_sft_from_learns_the_selected_samples(tmp_path):
 
 
 def test_length_grouped_batches_pad_little_and_see_every_sample_once_an_epoch(tmp_path):
-    """Issue 46: batches of similar lengths. Over samples of every level (lengths differ by level), both samplers
+    """Issue 46: batches of similar lengths (opt-in: they change what 02's bases learn). Over samples of every level
+    (lengths differ by level), both samplers
     give each sample once an epoch and the same real tokens (an invariant of the data, not of the batching); the
     grouped one pads at most 5% of its positions where random batches pad far more; each run records its share."""
     train, _ = tasks.make_splits(0, 400, 4, [1, 2, 3, 4])
