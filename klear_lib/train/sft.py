@@ -74,9 +74,8 @@ class SFTStageConfig:
     from 29.6% of the positions to 0.74% and an SFT start's CPU time by 0.69x (issue 46), but it changes what is
     learned: notebook 02's bases (4 epochs on levels 1-2) trained so answered level 2 right 0.16-1.00 over 10 seeds
     (median 0.35) where random batches gave a lowest of 0.87 (0.74 on another processor), and 02's primary went
-    from reproduced to inconclusive
-    (docs/results.md, 2026-12-07). So off by default: random batches, as before. Either way ``run_sft`` writes the
-    padding share to ``<output_dir>/sft_tokens.json``."""
+    from reproduced to inconclusive (docs/results.md, 2026-12-07). So off by default: random batches, as before.
+    Either way ``run_sft`` writes the padding share to ``<output_dir>/sft_tokens.json``."""
     gradient_checkpointing: bool | None = None
     """Recompute activations in the backward pass (TRL's default: on). ``None``: on where the model trains on a GPU,
     off with ``use_cpu``, where memory is not what limits a run and the recomputation costs a quarter of the step
