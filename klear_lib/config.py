@@ -261,8 +261,9 @@ class RLExperimentConfig(TaskModelConfig):
     """Evaluate before the first rollout. Off where every arm starts from one shared model whose evaluation the
     notebook already has (the warm start's): the same numbers would be sampled again in every unit."""
     eval_final: bool = True
-    """Evaluate after the last rollout (besides every ``eval_every``). Off where no claim reads it and the rollouts
-    are not a multiple of ``eval_every``: an evaluation no claim reads costs a unit time for nothing (issue 46)."""
+    """Evaluate after the last rollout, also where it is no ``eval_every`` boundary. 06 turns it off, with
+    ``eval_every`` past the last rollout, so that none runs: an evaluation no claim reads costs unit time for
+    nothing (issue 46)."""
     eval_n: int = 4
     """Samples per held-out problem (paper: 64 for AIME)."""
     eval_temperature: float = 0.6
