@@ -70,10 +70,16 @@ def retired_rows(latest: Mapping[str, Any], params_folder: str | os.PathLike | N
     A claim that went against the paper stays on the page after it stops being tested."""
     from klear_lib import claims, notebook
 
+    return _listed_rows(latest, params_folder, notebook.RETIRED_FILE, claims.load_retired)
+
+
+def _listed_rows(latest: Mapping[str, Any], params_folder, name: str, load) -> list[dict]:
+    """One row per entry of ``params/<notebook>/<name>`` (read by ``load``) of each notebook of these runs, with the
+    notebook's name."""
     out = []
     for nb in latest:
-        retired = _declared(params_folder, nb, notebook.RETIRED_FILE, claims.load_retired) or {}
-        out.extend({"notebook": nb, **entry} for entry in retired.values())
+        entries = _declared(params_folder, nb, name, load) or {}
+        out.extend({"notebook": nb, **entry} for entry in entries.values())
     return out
 
 
@@ -97,11 +103,7 @@ def not_tested_rows(latest: Mapping[str, Any], params_folder: str | os.PathLike 
     from the tested claims and never counted; a file that cannot be read is named in a warning (``_declared``)."""
     from klear_lib import claims, notebook
 
-    out = []
-    for nb in latest:
-        entries = _declared(params_folder, nb, notebook.NOT_TESTED_FILE, claims.load_not_tested) or {}
-        out.extend({"notebook": nb, **entry} for entry in entries.values())
-    return out
+    return _listed_rows(latest, params_folder, notebook.NOT_TESTED_FILE, claims.load_not_tested)
 
 
 def declared_guards(latest: Mapping[str, Any], params_folder: str | os.PathLike | None = None
