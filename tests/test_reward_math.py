@@ -112,8 +112,9 @@ def test_computing_past_the_budget_is_timeout_even_if_the_timeout_is_swallowed(m
     assert (r.score, r.reason) == (-1.0, "timeout") and r.detail == "verifying the answer (more than 0.3 s of CPU time)"
     spent = 0.3 + judge.REFIRE_S * (verify_does == "swallows_once")  # the finalizer's spin ends at the budget too
     # at least the budget, at most one refire past it (and a margin): the kernel charges ITIMER_PROF by scheduler
-    # ticks, so a refire can land up to a few ticks before process_time says it is due (0.35 s seen for 0.4)
-    assert 0.3 - 0.05 <= cpu < spent + 0.5, cpu
+    # ticks, so a signal can land several ticks before process_time says it is due (0.35 s seen for 0.4, 0.242 s
+    # for 0.3 on a loaded 2-core machine): the lower bound says the budget was spent, not that it was exact
+    assert 0.3 - 0.1 <= cpu < spent + 0.5, cpu
     assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0) and signal.getsignal(signal.SIGPROF) in (
         signal.SIG_DFL, None)  # disarmed and given back
     monkeypatch.undo()
