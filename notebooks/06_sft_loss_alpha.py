@@ -17,7 +17,8 @@
 # **What this notebook tests** (declared before the run in `params/06_sft_loss_alpha/claims.yaml`). The primary
 # claim: α = 0.1 above α = 0, read out as the area under the exact fork probe `klear/p_correct_fork` over the
 # rollouts (notebook 03's stand-in: after SFT the model's mode on four facts is wrong, so RL has to move it), paired by
-# seed. Secondary: α = 0.1 above α = 0.2 (with the primary: an interior best). At seed s every α shares seed s's
+# seed. Secondaries: α = 0.1 above α = 0.2 (with the primary: an interior best), and α = 0.1 above α = 0.05
+# (Table 6's row; declared 2026-12-07, issue 47). At seed s every α shares seed s's
 # own SFT start (notebook 03's starts, from the cache when 03 ran into the same output root), the first rollout and
 # the rest of the recipe (GPPO, Klear's filter, 8 updates per rollout); only α changes. The start is part of the
 # replicate, so the interval covers how the effect moves between starts; a check asks that every start learned.
@@ -36,7 +37,7 @@
 # %% tags=["parameters"]
 # Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
-alphas = "0,0.1,0.2"                           # the primary claim (0.1 vs 0); 0.2 for the secondary (0.1 vs 0.2)
+alphas = "0,0.05,0.1,0.2"                      # the primary claim (0.1 vs 0); 0.05 and 0.2 for the secondaries
 aa_stream = True                               # also α 0 under a second seed stream (the A/A pair)
 seeds = "0,1,2,3,4,5,6,7,8,9,10,11,12,13"
 model = "tiny"
@@ -174,6 +175,9 @@ claim_list = [claims.declared_claim(DECLARED, "alpha_0.1_vs_0.probe_auc", by_see
 if "alpha=0.2" in configs:
     claim_list.append(claims.declared_claim(DECLARED, "alpha_0.1_vs_0.2.probe_auc", by_seed("alpha=0.1", "probe_auc"),
                                             by_seed("alpha=0.2", "probe_auc")))
+if "alpha=0.05" in configs:
+    claim_list.append(claims.declared_claim(DECLARED, "alpha_0.1_vs_0.05.probe_auc",
+                                            by_seed("alpha=0.1", "probe_auc"), by_seed("alpha=0.05", "probe_auc")))
 if aa_stream:
     claim_list.append(claims.declared_claim(DECLARED, "aa_noise_floor.probe_auc", by_seed("alpha=0", "probe_auc"),
                                             by_seed("alpha=0/stream_b", "probe_auc")))
