@@ -28,8 +28,8 @@ METRICS: dict[str, str] = {
     "actor/pg_loss": "the aggregated policy loss (after ERC), normalised by loss_agg_mode",
     "actor/pg_clipfrac_low": "Σ m·[A<0 ∧ r<1-ε_l] / Σ m; r is the ratio the loss clips (token r; GSPO's s_t)",
     "actor/pg_clipfrac_high": "Σ m·[A>0 ∧ r>1+ε_h] / Σ m; r as in pg_clipfrac_low",
-    "actor/gppo_preserved_frac": "Σ m·[(A<0 ∧ r<1-ε_l) ∨ (A>0 ∧ r>1+ε_h)] / Σ m for gppo (gradient kept, "
-    "bounded); 0 for every other loss",
+    "actor/gppo_preserved_frac": "Σ m·[(A<0 ∧ r<1-ε_l ∧ β_l>0) ∨ (A>0 ∧ r>1+ε_h ∧ β_h>0)] / Σ m for gppo "
+    "(gradient kept, bounded); 0 for every other loss",
     "actor/pg_clipfrac_dual": "Σ m·[A<0 ∧ r>c] / Σ m for losses that apply dual-clip (ppo_clip, gppo); "
     "0 for cispo, gspo or clip_ratio_c=None",
     "actor/erc_frac_low": "Σ m·[ρ ≤ erc_low] / Σ m, ρ = (H+1e-8)/(H_old+1e-8); 0 when ERC is off",
@@ -315,8 +315,9 @@ def gppo_loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, respon
 
     loss_mat = torch.where(high, preserved(1 + cfg.clip_ratio_high, cfg.beta_high), loss_mat)  # (B, T)
     loss_mat = torch.where(low, preserved(1 - cfg.clip_ratio_low, cfg.beta_low), loss_mat)  # (B, T)
+    kept = (high & (cfg.beta_high > 0)) | (low & (cfg.beta_low > 0))  # a side with β 0 keeps no gradient (PPO's)
     return _finish(b, loss_mat, loss_agg_mode, entropy, old_entropy, clip_ratio=b.ratio, dual=dual,
-                   preserved=high | low)
+                   preserved=kept)
 
 
 @register_policy_loss("cispo")

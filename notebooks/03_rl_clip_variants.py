@@ -41,7 +41,9 @@
 # (2) Seed s gives every arm the same SFT start and the same first rollout; the start is seed s's own (SFT trained
 # from seed s), so a replicate is a start and an RL run, and the interval covers how the effect moves between
 # starts, not only between RL seeds around one start. A check asks that every start learned its teacher. (3) α = 0
-# in every arm (notebook 06's question). (4) PPO-clip at twice the learning rate (the step-size control). (5) A mechanism panel: a policy that is
+# in every arm (notebook 06's question). (4) PPO-clip at twice the learning rate (the step-size control). (5) GPPO on
+# the low side only (β_h 0: PPO-clip's zero gradient above 1 + ε_h, GPPO's below 1 - ε_l), against PPO-clip: the
+# paper's reading that the negative samples' kept gradients speed learning (declared 2026-12-07). (6) A mechanism panel: a policy that is
 # nothing but fork tokens, trained with `klear_lib.losses` directly, shows each loss's advantage over PPO-clip (CISPO
 # and CE-GPPO's β_l = 0.5 too) against updates per rollout and learning rate, in seconds.
 #
@@ -54,7 +56,7 @@
 # %% tags=["parameters"]
 # Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
-arms = "ppo_clip,gppo,ppo_clip_2x_lr,cispo"    # the pair the claim compares, the step-size control, CISPO
+arms = "ppo_clip,gppo,ppo_clip_2x_lr,cispo,gppo_low_only"  # the pair, the step-size control, CISPO, GPPO below only
 seeds = "0,1,2,3,4,5,6,7,8,9,10,11,12,13"        # each seed trains its own SFT start, then RL
 model = "tiny"
 n_train = 6000
@@ -113,6 +115,7 @@ ARMS = {  # name -> the keys it changes (paper: DAPO clip 0.2/0.28, GPPO β 1)
     "gppo": dict(loss_name="gppo"),
     "ppo_clip_2x_lr": dict(loss_name="ppo_clip", rl_lr=2 * rl_lr),  # the step-size control
     "cispo": dict(loss_name="cispo"),  # Klear's other gradient-keeping baseline
+    "gppo_low_only": dict(loss_name="gppo", beta_high=0.0),  # GPPO's gradient below 1 - ε_l only; PPO-clip above
 }
 PANEL_ARMS = ("ppo_clip", "cispo", "gppo", "gppo_beta_low_0.5")  # the mechanism panel's losses
 arm_list = notebook.parse_list(arms, "arms", allowed=ARMS)
@@ -320,14 +323,15 @@ claim_list = [
                           criterion="GPPO keeps the gradient of >= 5% of the fork tokens", seeds=len(seed_list)),
     ss.check(DECLARED),
 ]
-secondaries = {  # claim id -> (the other arm, the read-out); each made where its arm ran
-    "gppo_vs_ppo_clip.final_fork": ("ppo_clip", "final_fork"),
-    "gppo_vs_ppo_clip_2x_lr.probe_auc": ("ppo_clip_2x_lr", "probe_auc"),
-    "gppo_vs_cispo.probe_auc": ("cispo", "probe_auc"),
-    "gppo_vs_ppo_clip.entropy": ("ppo_clip", "entropy"),
+secondaries = {  # claim id -> (the arm, the other arm, the read-out); each made where its arms ran
+    "gppo_vs_ppo_clip.final_fork": ("gppo", "ppo_clip", "final_fork"),
+    "gppo_vs_ppo_clip_2x_lr.probe_auc": ("gppo", "ppo_clip_2x_lr", "probe_auc"),
+    "gppo_vs_cispo.probe_auc": ("gppo", "cispo", "probe_auc"),
+    "gppo_vs_ppo_clip.entropy": ("gppo", "ppo_clip", "entropy"),
+    "gppo_low_only_vs_ppo_clip.probe_auc": ("gppo_low_only", "ppo_clip", "probe_auc"),
 }
-for k, (cid, (other, col)) in enumerate((c, v) for c, v in secondaries.items() if c in DECLARED):
-    claim_list.insert(1 + k, claims.declared_claim(DECLARED, cid, by_seed("gppo", col), by_seed(other, col)))
+for k, (cid, (arm, other, col)) in enumerate((c, v) for c, v in secondaries.items() if c in DECLARED):
+    claim_list.insert(1 + k, claims.declared_claim(DECLARED, cid, by_seed(arm, col), by_seed(other, col)))
 claim_list = claims.finalize(claim_list, DECLARED, where=f"{NAME} claims")  # exactly the claims made
 display(notebook.claims_frame(claim_list))
 
@@ -341,7 +345,9 @@ table = per_run.groupby("variant", sort=False).agg(
 PAPER_ROLE = {"ppo_clip": "DAPO clip-higher (ε 0.2/0.28): the baseline",
               "gppo": "GPPO (β 1): above DAPO through training",
               "ppo_clip_2x_lr": "(not in the paper) DAPO clip-higher at twice the learning rate: the step-size control",
-              "cispo": "CISPO (MiniMax-M1): below GPPO in Klear's comparison"}
+              "cispo": "CISPO (MiniMax-M1): below GPPO in Klear's comparison",
+              "gppo_low_only": "(not in the paper's figures) GPPO's gradient on the low side only: §2.2's "
+                               "negative-sample reading"}
 summary = {
     **ss.summary(),
     "mechanism": mech.reset_index().to_dict(orient="records"),

@@ -64,6 +64,8 @@ TABLE_CASES = [
     ("gppo", {"beta_low": 0.25, "gppo_beta_scales_value": True}, [0.5, 0.9, 1.1, 1.28, 0.2, 0.9, 1.1, 1.5, 0.0]),
     # β_h = 0.5: F = 0.5·1.28 = 0.64 on (1.5, +)
     ("gppo", {"beta_high": 0.5}, [0.5, 0.9, 1.1, 0.64, 0.8, 0.9, 1.1, 1.5, 0.0]),
+    # β_h = 0, 03's gppo_low_only arm: PPO-clip's F = 0 on (1.5, +), GPPO's 0.8 on (0.5, −)
+    ("gppo", {"beta_high": 0.0}, [0.5, 0.9, 1.1, 0.0, 0.8, 0.9, 1.1, 1.5, 0.0]),
     # CISPO: F = clip(r, 0.8, 1.28) everywhere, optimistic cases and r > c included
     ("cispo", {}, [0.8, 0.9, 1.1, 1.28, 0.8, 0.9, 1.1, 1.28, 1.28]),
 ]
@@ -265,6 +267,9 @@ def test_metrics_hand_counts_on_the_table_batch():
     assert m["actor/pg_loss"] == pytest.approx(expected)
     _, _, m = run("gppo", [[0.0] * 9], logp, adv, mode="token-mean")
     assert m["actor/gppo_preserved_frac"] == pytest.approx(2 / 9)
+    assert m["actor/pg_loss"] == pytest.approx(expected)
+    _, _, m = run("gppo", [[0.0] * 9], logp, adv, mode="token-mean", config={"beta_high": 0.0})
+    assert m["actor/gppo_preserved_frac"] == pytest.approx(1 / 9)  # only (0.5, −): a β 0 side keeps nothing
     assert m["actor/pg_loss"] == pytest.approx(expected)
 
 
