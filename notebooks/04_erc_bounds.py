@@ -23,10 +23,16 @@
 # DAPO's clip 0.2/0.28 and β 1, so the pair differs from the DAPO pair in the loss alone, and without a random-mask
 # or half-lr control of its own), and the paper's own accuracy read-out, the held-out accuracy off the forks after
 # the last rollout. With k secondaries at n seeds the smallest Holm-adjusted sign-flip p is
-# k · 2^-(n-1): six seeds decide one (3.1% ≤ 5%), seven decide three (4.7%), eight five (3.9%). The `tiny` preset
-# makes five (the random mask, the entropy jump, ERC on GPPO, the gradient-norm fluctuation and the held-out
-# accuracy off the forks after RL, the last two declared on 2026-12-07); the `gpu` preset adds half the learning
-# rate. The report lists the declared claims a run did not test, with what they need.
+# k · 2^-(n-1): six seeds decide one (3.1% ≤ 5%), seven decide three (4.7%), eight six (4.7%). The `tiny` preset
+# makes six (the random mask, the entropy jump, ERC on GPPO, the gradient-norm fluctuation, the held-out accuracy
+# off the forks after RL and ERC at its paper's recipe, below; the last three declared on 2026-12-07); the `gpu`
+# preset adds half the learning rate. The report lists the declared claims a run did not test, with what they need.
+#
+# **ERC at its paper's recipe** (declared 2026-12-07, issue 47). The claims above ask ERC about retention at a rate
+# where DAPO wobbles, off the paper's recipe. A second pair, over the same starts, asks the paper's own question at
+# its recipe: bounds 0.95/1.05 (its scripts), α 0.1 (the positive-sample NLL of both papers) and `recipe_lr`, a rate
+# where DAPO keeps the rest probe; read out as held-out accuracy on every problem after the last rollout (avg@2 at
+# T 0.6), a Holm secondary. A check guards it: DAPO must keep the rest probe there, and ERC must act.
 #
 # **Why controls.** Stopping the gradient of some tokens while keeping them in the denominator shrinks the update
 # whatever the criterion. So ERC is compared with **DAPO plus a random token mask matched to where ERC stops**: in
@@ -56,7 +62,7 @@
 # %% tags=["parameters"]
 # Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
-arms = "dapo,dapo_erc_0.8_1.2,dapo_random_mask,gppo,gppo_erc_0.8_1.2"  # + dapo_half_lr where the seeds decide it
+arms = "dapo,dapo_erc_0.8_1.2,dapo_random_mask,gppo,gppo_erc_0.8_1.2,dapo_recipe,dapo_erc_0.95_1.05_recipe"
 seeds = "0,1,2,3,4,5,6,7,8,9,10,11,12,13"
 grad_norm_claim = True                         # test the gradient-norm fluctuation as a secondary (else shown only)
 entropy_claim = True                           # test the largest per-rollout entropy jump as a secondary
@@ -78,6 +84,7 @@ num_generations = 8
 max_completion_length = 56
 format_rule = "released"                       # the judge's think format: released, paper or none
 rl_lr = 1.4e-4                                 # high enough that DAPO alone loses some of what it knew
+recipe_lr = 5.0e-5                             # the ERC paper's recipe arms (*_recipe): a rate where DAPO keeps it
 eval_n = 2                                     # held-out samples per problem, after the last rollout (descriptive)
 eval_temperature = 0.6
 collapse_drop = 0.05                           # a run whose rest probe ends this far below the start collapsed
@@ -108,7 +115,7 @@ from klear_lib.losses import ENTROPY_BUCKETS
 from klear_lib.train import rl_jobs
 
 notebook.quiet()
-notebook.require(globals(), counts=("probe_prompts",), fractions=("collapse_drop",))
+notebook.require(globals(), counts=("probe_prompts",), positive=("recipe_lr",), fractions=("collapse_drop",))
 workers = notebook.workers(workers)  # "auto" -> the cores this process may use (presets.resolve_workers)
 NAME = "04_erc_bounds"
 DECLARED = notebook.declared_claims(NAME, globals())  # the claims this run makes (their `requires`)
@@ -116,6 +123,8 @@ DAPO = dict(loss_name="ppo_clip", clip_ratio_low=0.2, clip_ratio_high=0.28)
 GPPO = dict(DAPO, loss_name="gppo")  # β_l = β_h = 1 (Klear's); DAPO's clip 0.2/0.28 (ERC's code: 0.2/0.2)
 ERC = "dapo_erc_0.8_1.2"
 GPPO_ERC = "gppo_erc_0.8_1.2"
+RECIPE = dict(DAPO, rl_lr=recipe_lr, sft_alpha=0.1)  # the ERC paper's recipe: α 0.1, a rate where DAPO is stable
+RECIPE_ERC = "dapo_erc_0.95_1.05_recipe"  # ... and its scripts' bounds
 ARMS = {
     "dapo": dict(DAPO),
     ERC: dict(DAPO, erc_low=0.8, erc_high=1.2),
@@ -123,6 +132,8 @@ ARMS = {
     "dapo_half_lr": dict(DAPO, rl_lr=rl_lr / 2),
     "gppo": dict(GPPO),
     GPPO_ERC: dict(GPPO, erc_low=0.8, erc_high=1.2),
+    "dapo_recipe": dict(RECIPE),
+    RECIPE_ERC: dict(RECIPE, erc_low=0.95, erc_high=1.05),
 }
 arm_list = notebook.parse_list(arms, "arms", allowed=ARMS)
 if not {"dapo", ERC} <= set(arm_list):
@@ -268,10 +279,11 @@ for (arm, seed), g in steps.groupby(["variant", "seed"]):
                     "collapsed": bool(p["klear/p_correct_rest"].iloc[-1] < p["klear/p_correct_rest"].iloc[0]
                                       - collapse_drop),
                     "final_rest": float(last["eval/avg_at_n_rest"]), "final_fork": float(last["eval/avg_at_n_fork"]),
+                    "final_all": float(last["eval/avg_at_n"]),
                     "stopped_frac": float(g["stopped_frac"].mean()), "clip_frac": float(g["clip_frac"].mean())})
 per_run = pd.DataFrame(per_run)
 display(plots.seed_table(per_run, ["rest_probe_auc", "fork_probe_auc", "grad_norm_cv", "max_entropy_jump",
-                                   "collapsed", "final_rest", "final_fork", "stopped_frac"]))
+                                   "collapsed", "final_rest", "final_fork", "final_all", "stopped_frac"]))
 
 
 def by_seed(arm, col):
@@ -292,7 +304,8 @@ for cid, (a, b, col) in {"erc_vs_random_mask.rest_probe_auc": (ERC, "dapo_random
                          "erc_vs_dapo.grad_norm_cv": (ERC, "dapo", "grad_norm_cv"),
                          "erc_vs_dapo.entropy_stability": (ERC, "dapo", "max_entropy_jump"),
                          "erc_vs_dapo.final_rest": (ERC, "dapo", "final_rest"),
-                         "erc_on_gppo_vs_gppo.rest_probe_auc": (GPPO_ERC, "gppo", "rest_probe_auc")}.items():
+                         "erc_on_gppo_vs_gppo.rest_probe_auc": (GPPO_ERC, "gppo", "rest_probe_auc"),
+                         "erc_recipe_vs_dapo_recipe.final_acc": (RECIPE_ERC, "dapo_recipe", "final_all")}.items():
     if cid in DECLARED:
         claim_list.append(claims.declared_claim(DECLARED, cid, by_seed(a, col), by_seed(b, col)))
 if "dapo_random_mask" in arm_list:
@@ -300,6 +313,15 @@ if "dapo_random_mask" in arm_list:
         DECLARED, "random_mask_matched", misplaced_ratio <= MISPLACED_MAX, 100 * misplaced_ratio,
         criterion=f"Σ over token classes of (class share × |ERC's stopped share − the mask's|) at most "
                   f"{MISPLACED_MAX:.0%} of the tokens ERC stops", seeds=len(seed_list)))
+if "recipe_regime" in DECLARED:  # the recipe pair's regime: DAPO keeps the rest probe there, and ERC acts
+    recipe_collapsed = int(per_run[per_run["variant"] == "dapo_recipe"]["collapsed"].sum())
+    recipe_stopped = float(steps[steps["variant"] == RECIPE_ERC]["stopped_frac"].mean())
+    print(f"at the recipe: {recipe_collapsed} of {len(seed_list)} DAPO runs lost the rest probe; ERC 0.95/1.05 "
+          f"stops {100 * recipe_stopped:.1f}% of the response tokens")
+    claim_list.append(claims.declared_check(
+        DECLARED, "recipe_regime", recipe_collapsed == 0 and recipe_stopped >= 0.01, recipe_stopped,
+        criterion=f"no dapo_recipe run's rest probe ends {collapse_drop:g} below its start, and ERC 0.95/1.05 stops "
+                  ">= 1% of response tokens", seeds=len(seed_list)))
 claim_list = claims.finalize(claim_list, DECLARED, where=f"{NAME} claims")  # exactly the claims made
 display(notebook.claims_frame(claim_list))
 
@@ -310,7 +332,9 @@ display(notebook.claims_frame(claim_list))
 PAPER_ROLE = {"dapo": "baseline: entropy and gradient norm fluctuate",
               ERC: "stable entropy and gradient norm, higher accuracy",
               "gppo": "GPPO baseline: entropy and gradient norm fluctuate",
-              GPPO_ERC: "ERC on GPPO: stable entropy and gradient norm, higher accuracy"}
+              GPPO_ERC: "ERC on GPPO: stable entropy and gradient norm, higher accuracy",
+              "dapo_recipe": "DAPO at the ERC paper's recipe (α 0.1, a stable rate): the recipe's baseline",
+              RECIPE_ERC: "ERC 0.95/1.05 at its paper's recipe: higher accuracy after RL"}
 summary_table = per_run.groupby("variant", sort=False).agg(
     rest_probe_auc=("rest_probe_auc", "mean"), collapse_rate=("collapsed", "mean"),
     grad_norm_cv=("grad_norm_cv", "mean"), max_entropy_jump=("max_entropy_jump", "mean"),
@@ -348,7 +372,7 @@ print("every requested arm and seed ran:", len(per_run) == len(arm_list) * len(s
 updates = steps[(steps["actor/response_tokens"] > 0) & (steps["grad_norm"] > 0)].groupby(["variant", "seed"]).size()
 print("every run made an update with a non-zero gradient on response tokens:", len(updates) == len(per_run))
 print("without ERC or a mask nothing is stopped:",
-      bool((steps[steps["variant"].isin(["dapo", "dapo_half_lr", "gppo"])]["stopped_frac"] == 0).all()))
+      bool((steps[steps["variant"].isin(["dapo", "dapo_half_lr", "gppo", "dapo_recipe"])]["stopped_frac"] == 0).all()))
 print("the exact fp32 path has no noise floor:",
       bool((floor[floor["old entropies from"] != "bf16 pass"]["stopped_frac"] == 0).all()))
 shares = steps[[f"klear/token_share/{c.replace('/', '_')}" for c in CLASSES]].sum(axis=1)

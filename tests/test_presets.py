@@ -25,7 +25,7 @@ SCALE_KEYS = {
     "mini_batch_prompts", "num_generations", "max_completion_length", "rl_lr", "eval_every", "eval_n",
     "eval_temperature", "use_vllm", "use_cpu", "bf16", "variants", "reward_modes", "seeds",
     # the RL notebooks' learning rates (a real model needs ~1e-6) and how many runs share a machine at once
-    "lrs", "workers",
+    "lrs", "recipe_lr", "workers",
     # the SFT data notebooks (01, 02): data volume, the base model's and the ablation runs' SFT scale
     "n_val", "pool_per_source", "budget", "score_samples", "pool_size", "base_lr", "base_epochs",
     "base_batch_size",
