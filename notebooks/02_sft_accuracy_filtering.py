@@ -286,9 +286,12 @@ for cid in (c for c, d in DECLARED.items() if d["role"] != "check"):
     if subset in subset_list and other in mode_lists["hard" if subset == "hard" else "easy"]:
         claim_list.append(claims.declared_claim(DECLARED, cid, by_seed(subset, "mixed", col),
                                                 by_seed(subset, other, col)))
-# a base that learned its levels answers >= 80% of them (its teacher is wrong on 20% of steps); level 1 measures
-# transfer to unseen prompts, not the procedure (see "The base models")
-claim_list.append(bases.check(DECLARED, levels=CHECK_LEVELS, minimum=0.8))
+# a base that learned its levels answers most of them: each seed's base >= 50% (chance 10%; a base that did not
+# learn, as length-grouped batches made on 2026-12-07, sits at 0.16-0.35) and their mean >= 80% (the teacher is
+# wrong on 20% of steps). Not "every seed >= 80%": level 2 has 17 test problems, and the lowest of 10-14 such scores
+# is a tail that moved from 0.87 to 0.735 between two processors (issue 47). Level 1 measures transfer to unseen
+# prompts, not the procedure (see "The base models").
+claim_list.append(bases.check(DECLARED, levels=CHECK_LEVELS, minimum=0.5, mean_minimum=0.8))
 claim_list = claims.finalize(claim_list, DECLARED, where=f"{NAME} claims")  # exactly the claims made
 display(notebook.claims_frame(claim_list))
 hard_prompts = {m: round(sum(len({s["prompt"] for s in arms[("hard", m)]}) for arms in datasets_.values())

@@ -99,3 +99,12 @@ def test_the_bases_check_reads_all_levels_or_each_of_the_bases_own():
     assert (own["verdict"], own["effect"]) == ("fail", 0.23)
     assert own["criterion"] == "every seed's base answers >= 80% of the test problems of each of its levels [1, 2]"
     assert bases.check(declared, levels=(2,), minimum=0.8)["verdict"] == "pass"
+    # 02 since 2026-12-07: each base >= 50% (it learned the procedure: chance is 10%) and their mean >= 80%
+    both = bases.check(declared, levels=(2,), minimum=0.5, mean_minimum=0.8)
+    assert (both["verdict"], both["effect"]) == ("pass", 0.9)
+    assert both["criterion"] == ("every seed's base answers >= 50% of the test problems of each of its levels [2], "
+                                 "and their mean >= 80%")
+    assert "level 2: mean 0.915, sd 0.021, 0.900-0.930" in both["note"]  # sd of (0.9, 0.93): 0.03 / sqrt(2)
+    assert bases.check(declared, levels=(2,), minimum=0.5, mean_minimum=0.92)["verdict"] == "fail"  # the mean 0.915
+    weak = sft_bases.SeedBases({0: "a", 1: "b"}, {}, {}, table.assign(**{"level 2": [1.0, 0.45]}), True, 0.0)
+    assert weak.check(declared, levels=(2,), minimum=0.5, mean_minimum=0.7)["verdict"] == "fail"  # one base at 0.45
