@@ -48,7 +48,7 @@
 # %% tags=["parameters"]
 # Parameters: flat scalars only (papermill injects overrides after this cell). Defaults = the `tiny` preset.
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
-subsets = "hard"                               # of easy, hard, all
+subsets = "easy,hard"                          # of easy, hard, all
 hard_modes = "only_true,only_true_matched,only_true_covered,mixed"
 easy_modes = "only_true,mixed"                 # the arms of the easy (and all) subsets
 seeds = "0,1,2,3,4,5,6,7,8,9"  # each seed its own base, teacher pool and data

@@ -39,9 +39,10 @@ NOTEBOOK_SCALE_KEYS = {
     "01_sft_data_sources": {"defect_seeds"},  # the positive control's seeds, beside "seeds"
 }
 # Parts of the design that `tiny` may leave out for its CPU time budget (`make reproduce` within 100 minutes on 2
-# cores) and a GPU run keeps: 02's easy subset, 06's alphas (tiny runs them all since 2026-12-05), 04's half-lr arm
-# (lists: tiny's must be a part of gpu's), 03's rollouts of the on-policy control (a count: tiny's at most gpu's) and
-# 04's gradient-norm secondary (a flag: off at tiny, on at gpu). Never another design: only less of the same one.
+# cores) and a GPU run keeps: 02's subsets and 06's alphas (tiny runs them all since 2026-12-07 and -05), 04's
+# half-lr arm (lists: tiny's must be a part of gpu's), 03's rollouts of the on-policy control (a count: tiny's at
+# most gpu's) and 04's gradient-norm secondary (a flag: off at tiny, on at gpu). Never another design: only less of
+# the same one.
 BUDGET_LISTS = {"02_sft_accuracy_filtering": {"subsets"}, "06_sft_loss_alpha": {"alphas"}, "04_erc_bounds": {"arms"}}
 BUDGET_COUNTS = {"03_rl_clip_variants": {"control_rollouts"}}
 BUDGET_FLAGS = {"04_erc_bounds": {"grad_norm_claim"}}
