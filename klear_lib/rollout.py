@@ -142,6 +142,8 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[dict] | str], sampling: SamplingConfig, *,
                  seed: int | None = None) -> list[list[str]]:
+        from klear_lib import sampler  # issue 46
+
         tok, n = self.tokenizer, sampling.n
         flat = [t for t in _chat_texts(tok, prompts) for _ in range(n)]
         if seed is not None:
@@ -154,8 +156,9 @@ class HFEngine:
             for start in range(0, len(flat), self.batch_size):
                 chunk = flat[start : start + self.batch_size]
                 enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
-                gen = self.model.generate(
-                    **enc,
+                # issue 46: klear_lib.sampler (HF generate's tokens; HF generate itself where it does not apply)
+                gen = sampler.generate(
+                    self.model, enc["input_ids"], enc["attention_mask"],
                     max_new_tokens=sampling.max_new_tokens,
                     do_sample=not greedy,
                     temperature=None if greedy else sampling.temperature,

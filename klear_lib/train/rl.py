@@ -309,6 +309,18 @@ class KlearGRPOTrainer(GRPOTrainer):
         part["old_per_token_logps"][index] = logps.to(part["old_per_token_logps"].dtype)
         part["old_entropy"][index] = entropies.to(part["old_entropy"].dtype)
 
+    # -- issue 46: generation through klear_lib.sampler (this method only) ------------------------------------
+    def _generate_single_turn(self, *args, **kwargs):
+        """TRL's, whose plain-transformers branch calls ``unwrapped_model.generate``: within it, that call goes
+        to ``klear_lib.sampler`` (the same tokens as HF generate for the same seed, in less time), which hands
+        any model or setting it does not cover back to HF generate; ``KLEAR_SAMPLER=off`` switches it off."""
+        from klear_lib import sampler
+
+        if self.use_vllm or self.use_transformers_continuous_batching or not sampler.enabled():
+            return super()._generate_single_turn(*args, **kwargs)
+        with sampler.swap_generate(self.accelerator.unwrap_model(self.model_wrapped)):
+            return super()._generate_single_turn(*args, **kwargs)
+
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._check_data_errors()
