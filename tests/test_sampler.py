@@ -82,9 +82,12 @@ def ours(model, ids, mask, **kw):
 # (a) the forward ---------------------------------------------------------------------------------------------
 
 
-def test_teacher_forced_logits_equal_hf_generates_at_every_step(tok, model):
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 1.6e-2)])
+def test_teacher_forced_logits_equal_hf_generates_at_every_step(tok, model, dtype, atol):
     """HF generate's own raw logits (``output_logits``) at each of 24 steps, against ``_Forward`` fed the same
-    tokens: prefill, then one step per token, over a left-padded batch of mixed prompt lengths (fp32)."""
+    tokens: prefill, then one step per token, over a left-padded batch of mixed prompt lengths. fp32: within 1e-5
+    (measured 5e-7); bf16 weights: within two bf16 steps at |logit| < 2 (measured 0.0078, one step)."""
+    model = copy.deepcopy(model).to(dtype)
     ids, mask = batch(tok, 24)
     out = hf(model, ids, mask, max_new_tokens=24, do_sample=True, temperature=1.0, return_dict_in_generate=True,
              output_logits=True, **settings(tok))
@@ -103,7 +106,8 @@ def test_teacher_forced_logits_equal_hf_generates_at_every_step(tok, model):
             mine.append(fwd.step(seq[:, L + t], L + t, pos[:, -1] + 1 + t, bias[..., : L + t + 1]))
     for t, (a, b) in enumerate(zip(out.logits, mine, strict=True)):
         assert a.abs().max() > 0.05  # logits worth comparing
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=lambda s, t=t: f"step {t}: {s}")
+        assert a.abs().max() < 2
+        torch.testing.assert_close(b.float(), a, rtol=0, atol=atol, msg=lambda s, t=t: f"step {t}: {s}")
 
 
 # (b) greedy, (c) sampling -------------------------------------------------------------------------------------
@@ -212,6 +216,30 @@ def test_rows_that_finish_are_pad_afterwards_and_eos_at_the_first_step(tok, mode
     a = hf(model, ids, mask, **kw)
     torch.manual_seed(5)
     assert torch.equal(ours(model, ids, mask, **kw), a)
+
+
+def test_finished_rows_leave_the_forward_and_the_draws_stay_hf_s(tok, sharp, monkeypatch):
+    """Rows that finish are dropped from the forward (``_Forward.keep``) while every row is still drawn for: with
+    EOS ids that end most rows early, the forward shrinks several times and the tokens stay HF's (sampled, same
+    seed). Measured: every row identical."""
+    ids, mask = batch(tok, 64, seed=5)
+    probe = hf(sharp, ids, mask, **settings(tok, max_new_tokens=16, do_sample=False))[:, ids.shape[1]:]
+    eos = torch.bincount(probe.flatten()).topk(3).indices.tolist()
+    kept = []
+    keep = sampler._Forward.keep
+    monkeypatch.setattr(sampler._Forward, "keep", lambda self, rows, used: (kept.append(len(rows)),
+                                                                            keep(self, rows, used)))
+    kw = dict(max_new_tokens=40, do_sample=True, temperature=1.0, top_p=0.95, eos_token_id=eos,
+              pad_token_id=tok.pad_token_id)
+    torch.manual_seed(9)
+    a = hf(sharp, ids, mask, **kw)
+    torch.manual_seed(9)
+    b = ours(sharp, ids, mask, **kw)
+    assert len(kept) >= 2 and kept == sorted(kept, reverse=True) and kept[-1] < 32, kept
+    width = min(a.shape[1], b.shape[1])
+    same = (a[:, :width] == b[:, :width]).all(1).float().mean().item()
+    print(f"forward rows {kept}: {same:.1%} of rows identical")
+    assert same >= 0.9, same
 
 
 def test_generation_stops_when_every_row_has_finished(tok, model):
