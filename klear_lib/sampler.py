@@ -21,11 +21,11 @@ next-token logits within 1e-5 in float32 (measured 5e-7) and one bf16 step with 
 tokens from the same seed were identical on every row tested (tests/test_sampler.py; bf16 weights: 88% of rows
 greedy, 97% sampled, 64 rows × 32 tokens).
 
-``supports(model)`` says whether the fast path applies: a ``Qwen3ForCausalLM`` with default RoPE (no scaling:
-YaRN and the real models' long-context settings keep HF), no sliding window, no attention bias, SiLU, eager or
-sdpa attention, float32 or bfloat16 weights. Anything else, any generation mode other than greedy or sampling
-(beams, assisted, constraints), any extra output (scores, dicts), or bf16 autocast switched on around the call
-falls back to ``model.generate`` itself.
+``supports(model)`` says whether the fast path applies: a stand-in-sized ``Qwen3ForCausalLM`` (at most
+``MAX_PARAMETERS``: real models keep HF generate) with default RoPE (no scaling: YaRN keeps HF), no sliding
+window, no attention bias, SiLU, eager or sdpa attention, float32 or bfloat16 weights, on the CPU. Anything else,
+any generation mode other than greedy or sampling (beams, assisted, constraints), any extra output (scores,
+dicts), or bf16 autocast switched on around the call falls back to ``model.generate`` itself.
 
 Switch: the environment variable ``KLEAR_SAMPLER`` (``off``, ``0``, ``hf`` or ``false``: HF generate everywhere;
 unset or anything else: this sampler wherever ``supports`` says so). It is read at each call, so a notebook or
@@ -59,6 +59,11 @@ OFF_VALUES = ("off", "0", "hf", "false", "no")
 COMPACT_AT = 0.75
 """The forward drops the rows that have finished once at most this share of the rows it computes is unfinished."""
 
+MAX_PARAMETERS = 50_000_000
+"""``supports`` takes only models up to this size: the stand-ins (0.83M parameters at hidden 128, 4 layers; 6.4M at
+hidden 256, 8 layers; 25M at hidden 512, 8 layers), not a real Qwen3 (the smallest, 0.6B), which keeps HF
+generate."""
+
 PATHS_USED: Counter = Counter()
 """Calls per path in this process: ``klear`` (this sampler) and ``hf`` (``model.generate``, a fallback)."""
 
@@ -86,7 +91,8 @@ def supports(model) -> bool:
     layer_types = getattr(c, "layer_types", None) or ["full_attention"]
     dtypes = {p.dtype for p in model.parameters()}
     return (
-        rope.get("rope_type", "default") == "default"
+        sum(p.numel() for p in model.parameters()) <= MAX_PARAMETERS
+        and rope.get("rope_type", "default") == "default"
         and set(rope) <= {"rope_type", "rope_theta"}
         and not getattr(c, "use_sliding_window", False)
         and set(layer_types) == {"full_attention"}

@@ -123,6 +123,19 @@ def test_greedy_output_is_hf_generates(tok, model, penalty):
     assert torch.equal(b[:, : ids.shape[1]], ids)  # the prompt, padding included, is returned as given
 
 
+def test_weights_are_read_at_each_call(tok):
+    """A weight changed in place between two calls (as an optimizer step does) is used by the next call."""
+    m = models.build_tiny_model(tok, seed=1).eval()
+    ids, mask = batch(tok, 8)
+    kw = settings(tok, max_new_tokens=12, do_sample=False)
+    before = ours(m, ids, mask, **kw)
+    with torch.no_grad():
+        m.model.layers[1].self_attn.q_proj.weight.mul_(-3)
+        m.model.layers[2].mlp.up_proj.weight.add_(0.05)
+    after = ours(m, ids, mask, **kw)
+    assert not torch.equal(after, before) and torch.equal(after, hf(m, ids, mask, **kw))
+
+
 SAMPLING = {"T1": dict(temperature=1.0), "T0.6_p0.95": dict(temperature=0.6, top_p=0.95),
             "eval_protocol": dict(temperature=0.6, top_p=0.95, top_k=20, repetition_penalty=1.05)}
 
@@ -255,7 +268,7 @@ def test_generation_stops_when_every_row_has_finished(tok, model):
 # (e) where it applies -----------------------------------------------------------------------------------------
 
 
-def test_supports_only_the_qwen3_forward_it_implements(tok, model):
+def test_supports_only_the_qwen3_forward_it_implements(tok, model, monkeypatch):
     assert sampler.supports(model)
     assert sampler.supports(copy.deepcopy(model).to(torch.bfloat16))
     yarn_cfg = copy.deepcopy(model.config)
@@ -265,6 +278,9 @@ def test_supports_only_the_qwen3_forward_it_implements(tok, model):
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
     assert not sampler.supports(llama)
+    monkeypatch.setattr(sampler, "MAX_PARAMETERS", sum(p.numel() for p in model.parameters()) - 1)
+    assert not sampler.supports(model)  # a real model's size
+    monkeypatch.undo()
     sliding = copy.deepcopy(model.config)
     sliding.use_sliding_window, sliding.sliding_window = True, 8
     assert not sampler.supports(type(model)(sliding))
