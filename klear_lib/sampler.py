@@ -39,7 +39,9 @@ Measured (benchmarks/bench_sampler.py, 2026-12-07, the project's 2-core machine:
 4 layers, 256 rows = 32 prompts × 8, 56 new tokens, one thread, CPU time, HF and this in one process, fastest of
 two alternated runs, outputs identical): per decoding step 29.4 → 15.1 ms (1.95×; the issue's bar 1.5×), the
 whole call per token 34.6 → 15.4 ms (2.24×), the evaluation protocol's setting 32.5 → 18.4 ms per step (1.77×);
-one rollout of notebook 03's tiny unit 4.03 → 3.14 CPU-s (0.78). Where a step's time goes (torch profiler, 256
+one rollout of notebook 03's tiny unit 4.03 → 3.14 CPU-s (0.78). A second run, with finished rows dropped (none
+finish there): 1.85×, 2.16×, 1.73×, 0.72. At tests/ scale (hidden 64, 2 layers, 4 steps of 8 completions × 12
+tokens) a whole training run took 0.92 of the CPU time. Where a step's time goes (torch profiler, 256
 rows, 60 keys): the linear layers ≈ 5 ms, attention's two batched matmuls ≈ 5 ms (reading the fp32 cache: memory
 bound), HF's processors and the draw ≈ 2 ms (the same in both), the rest elementwise.
 """
