@@ -9,7 +9,8 @@ Nothing in klear_lib imports this module.
     klear prepare 03 --preset smoke --out build/nb/03.ipynb      # inject parameters, don't execute (nbval)
     klear prepare --all --preset smoke --out build/nb             # ... every notebook with the preset (make test)
     klear reproduce --preset tiny                                 # every notebook that has params/<nb>/tiny.yaml,
-                                                                  # then the report
+                                                                  # at once over one pool of cores, then the report
+    klear reproduce --plan --cores 2 16 64                        # predicted wall-clock from the recorded runs
     klear report                                                  # outputs/report.html from every run under outputs/
     klear report --compare OTHER/outputs                          # ... with a "Compared with" section
     klear compare outputs OTHER/outputs                           # two trees (or two run directories), claim by claim
@@ -239,52 +240,96 @@ def _cmd_compare(args: argparse.Namespace, layout: runner.Layout) -> int:
 
 
 def _cmd_reproduce(args: argparse.Namespace, layout: runner.Layout) -> int:
+    """Every notebook with the preset at once, as ``klear run`` children over one pool of unit slots, in the order
+    of the dependency graph (``klear_lib.schedule``), then the report, the table, the card and the plan; with
+    ``--plan``, only the plan from the latest recorded runs."""
+    from klear_lib import schedule
+
+    if args.plan:
+        return _print_plan(args, layout)
     runner.require_notebooks(layout)
-    clock = time.monotonic()
-    rows = []  # (notebook, status, seconds, run dir or message)
-    log = {"preset": args.preset, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "total_s": 0.0, "rows": []}
-    for nb in presets.list_notebooks(layout.notebooks_dir):
-        has_preset = (layout.params_dir / nb.stem / f"{args.preset}.yaml").is_file()
-        if nb.stem.startswith(runner.REPORT_PREFIX) or not has_preset:
-            continue
-        print(f"== {nb.stem} ({args.preset})", file=sys.stderr, flush=True)
-        start = time.monotonic()
-        message = ""
-        try:
-            run_dir = runner.run_notebook(str(nb), args.preset, layout=layout)
-        except runner.NotebookFailed as err:
-            print(f"klear: {err}", file=sys.stderr)
-            status, where, message = "FAILED", str(err.output.parent), str(err).split("\n")[0]
-        except KlearError as err:
-            print(f"klear: error: {err}", file=sys.stderr)
-            status, where, message = "ERROR", "", str(err)
-        else:
-            missing = runner.report_contract(run_dir)
-            status, where = ("ran" if not missing else "incomplete"), str(run_dir)
-            message = f"missing {', '.join(missing)}" if missing else ""
-        rows.append((nb.stem, status, time.monotonic() - start, where or message))
-        log["rows"].append({"notebook": nb.stem, "status": status, "seconds": round(rows[-1][2], 1),
-                            "run_dir": where, "message": message})
+    preset = args.preset or "tiny"
+    if args.cores and len(args.cores) > 1:
+        raise KlearError("klear reproduce runs on one number of cores: give --cores N once (several with --plan)")
+    cores = args.cores[0] if args.cores else presets.usable_cpus()
+    if cores < 1 or (args.max_notebooks or 0) < 0:
+        raise KlearError("--cores must be >= 1 and --max-notebooks >= 0 (0: every ready notebook at once)")
+    names = [nb.stem for nb in presets.list_notebooks(layout.notebooks_dir)
+             if not nb.stem.startswith(runner.REPORT_PREFIX)
+             and (layout.params_dir / nb.stem / f"{preset}.yaml").is_file()]
+    if not names:
+        print(f"no notebook in {layout.notebooks_dir} has a {preset!r} preset in {layout.params_dir}")
+        return 1
+    earlier = schedule.recorded_runs(layout.output_root, preset)  # longest expected first, where a run is recorded
+    rank = schedule.upward_rank({n: r.work for n, r in earlier.items()},
+                                schedule.dependencies(earlier), {n: r.wall for n, r in earlier.items()})
+    clock, cpu = time.monotonic(), runner._cpu_seconds()
+    log = {"preset": preset, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cores": cores,
+           "max_notebooks": args.max_notebooks or None, "total_s": 0.0, "rows": []}
+
+    def record(rows: list[dict]) -> None:
+        log["rows"] = rows
         log["total_s"] = round(time.monotonic() - clock, 1)
         runner.write_reproduce_log(layout, log)
-    if not rows:
-        print(f"no notebook in {layout.notebooks_dir} has a {args.preset!r} preset in {layout.params_dir}")
-        return 1
+
+    print(f"== {', '.join(names)} ({preset}): {cores} unit slots", file=sys.stderr, flush=True)
+    with runner._adopting_descendants():  # a child's orphans come here: their CPU time is counted, they are reaped
+        rows = schedule.run_notebooks(layout, preset, names, cores=cores, max_notebooks=args.max_notebooks or None,
+                                      rank={n: rank.get(n, 0.0) for n in names}, on_row=record)
+    for row in rows:
+        if row["status"] in ("FAILED", "ERROR", "skipped"):
+            print(f"klear: {row['notebook']}: {row['status']}: {row['message']}", file=sys.stderr)
     print("== report", file=sys.stderr, flush=True)
-    start = time.monotonic()
-    report_path = runner.make_report(layout, args.preset)
-    rows.append(("report", "ran", time.monotonic() - start, str(report_path)))
-    width = max(len(r[0]) for r in rows)
-    print(f"{'notebook':<{width}}  {'status':<10}  {'time':>7}  run directory")
-    for name, status, seconds, where in rows:
-        print(f"{name:<{width}}  {status:<10}  {seconds:>6.1f}s  {where}")
+    start = time.time()
+    report_path = runner.make_report(layout, preset)
+    log["report"] = {"start": round(start, 3), "end": round(time.time(), 3), "path": str(report_path)}
+    log["cpu_seconds"] = round(runner._cpu_seconds() - cpu, 1)
+    record(rows)
+    origin = min(r["start"] for r in rows)
+    table = [(r["notebook"], r["status"], r["seconds"], r["start"] - origin, r["run_dir"] or r["message"])
+             for r in rows] + [("report", "ran", log["report"]["end"] - start, start - origin, str(report_path))]
+    width = max(len(r[0]) for r in table)
+    print(f"{'notebook':<{width}}  {'status':<11}  {'time':>7}  {'start':>7}  run directory")
+    for name, status, seconds, began, where in table:
+        print(f"{name:<{width}}  {status:<11}  {seconds:>6.1f}s  {began:>6.1f}s  {where}")
     total = time.monotonic() - clock
-    print(f"total: {total:.0f}s ({total / 60:.1f} min); report: {report_path}")
+    print(f"total: {total:.0f}s ({total / 60:.1f} min), {log['cpu_seconds']:.0f} CPU-s; report: {report_path}")
     _print_card(output_root=layout.output_root, report_path=report_path)
-    failed = [r[0] for r in rows if r[1] in ("FAILED", "ERROR")]
+    made = {r["notebook"]: pathlib.Path(r["run_dir"]) for r in rows if r["status"] in schedule.OK}
+    made.update({n: d for n, d in schedule.latest_runs(layout.output_root, preset).items()
+                 if n.startswith(runner.REPORT_PREFIX)})  # the report notebook's run, if it has one
+    recorded = schedule.recorded_runs(layout.output_root, run_dirs=made)
+    if recorded:
+        data = schedule.plan(recorded, sorted({*schedule.PLAN_CORES, cores}), max_notebooks=args.max_notebooks or None)
+        path = schedule.write_plan(layout.output_root, data)
+        print("\n" + schedule.plan_table(data) + f"\n(written to {path})")
+    failed = [r["notebook"] for r in rows if r["status"] in ("FAILED", "ERROR")]
+    skipped = [r["notebook"] for r in rows if r["status"] == "skipped"]
     if failed:
-        print(f"klear: {len(failed)} of {len(rows) - 1} notebooks failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
+        print(f"klear: {len(failed)} of {len(rows)} notebooks failed: {', '.join(failed)}", file=sys.stderr)
+    if skipped:
+        print(f"klear: {len(skipped)} skipped after a failure: {', '.join(skipped)}", file=sys.stderr)
+    if any(r["status"] == "interrupted" for r in rows):
+        return 130
+    return 1 if failed or skipped else 0
+
+
+def _print_plan(args: argparse.Namespace, layout: runner.Layout) -> int:
+    """``klear reproduce --plan``: the predicted wall-clock per number of cores from the latest finished run of each
+    notebook with ``--preset`` (default: the last ``klear reproduce``'s preset, else any); exit 2 when none is
+    recorded."""
+    from klear_lib import schedule
+
+    preset = args.preset or schedule.last_reproduce_preset(layout.output_root)
+    recorded = schedule.recorded_runs(layout.output_root, preset)
+    if not recorded:
+        which = f" with the {preset!r} preset" if preset else ""
+        raise KlearError(f"--plan: no finished run{which} under {layout.output_root} to plan from: run klear "
+                         "reproduce (or klear run) first, or pass --output-root")
+    cores = args.cores or list(schedule.PLAN_CORES)
+    if min(cores) < 1:
+        raise KlearError("--cores must be >= 1")
+    print(schedule.plan_table(schedule.plan(recorded, cores, max_notebooks=args.max_notebooks or None)))
     return 0
 
 
@@ -327,9 +372,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every notebook that has the preset, into the folder --out "
                                                       "(run directories <out>/runs/<notebook>/<stamp>)")
     p.set_defaults(func=_cmd_prepare)
-    p = sub.add_parser("reproduce", parents=[dirs], help="run every notebook that has the preset, in name order")
-    p.add_argument("--preset", default="tiny", help="default: tiny")
+    p = sub.add_parser("reproduce", parents=[dirs], help="run every notebook that has the preset, at once over "
+                                                          "one pool of cores (04 and 06 after 03), then the report")
+    p.add_argument("--preset", help="default: tiny (with --plan: the last reproduce's preset, else any)")
     p.add_argument("--output-root", help="default: outputs")
+    p.add_argument("--cores", type=int, nargs="+", metavar="N", help="units at once across all notebooks (default: "
+                   "the cores this process may use); with --plan, the core counts to predict (default: 2 4 8 16 64)")
+    p.add_argument("--max-notebooks", type=int, default=0, metavar="M", help="notebooks at once (default 0: every "
+                   "notebook whose prerequisites ran)")
+    p.add_argument("--plan", action="store_true", help="run nothing: predict the wall-clock for each --cores from "
+                   "the recorded unit times of the latest runs under the output root")
     p.set_defaults(func=_cmd_reproduce)
     p = sub.add_parser("lab", parents=[params, dirs], help="JupyterLab at the repository; with a notebook, on a "
                                                             "prepared copy with a preset's parameters",

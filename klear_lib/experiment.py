@@ -7,7 +7,9 @@ when it finishes, so that an interrupted run resumes without redoing them.
 Each job calls ``fn(**kwargs, metrics_path=...)`` in a worker process (forked from a forkserver that imported torch
 and transformers once, ``_worker_context``; ``spawn`` where there is none; the function must be importable, not
 defined in a notebook) and writes its metric records to ``run_dir/units/<job>.jsonl``; when it returns, the
-parent writes its result (a JSON-able dict) to ``run_dir/units/<job>.json``: that file is the job's "done" mark.
+parent writes its result (a JSON-able dict, with the unit's ``seconds``, ``cpu_seconds``, ``started_at`` and
+``ended_at``: ``_call``) to ``run_dir/units/<job>.json``: that file is the job's "done" mark. Under ``klear
+reproduce`` a unit runs only while it holds one of the machine's unit slots (``klear_lib.schedule.unit_slot``).
 On a second call with the same run directory, done jobs are skipped and their results read back; an unfinished
 job's partial records are discarded and it runs again. After every finished job, ``metrics.jsonl`` is rewritten
 from the done jobs' records in job order (atomically), so it never holds a record twice and always holds every
@@ -312,15 +314,35 @@ def _worker_context():
 
 
 def _call(fn: str, kwargs: dict, metrics_path: str, key: str | None = None) -> dict:
+    """Run one unit in this worker; its result with the unit's wall time (``seconds``), its CPU time
+    (``cpu_seconds``: this worker's user + system time over the unit, the children it reaped included) and its start
+    and end (``started_at``, ``ended_at``: Unix seconds), which ``klear reproduce --plan`` schedules from. Under
+    ``klear reproduce`` the unit first takes one of the machine's unit slots (``schedule.unit_slot``): the times
+    count from when it has one."""
     global _CURRENT_UNIT
     _CURRENT_UNIT = key  # the unit's name for its experiment tracker (unit_tracking_dir)
     module, name = fn.split(":")
     func = getattr(importlib.import_module(module), name)
-    start = time.perf_counter()
-    result = dict(func(**kwargs, metrics_path=metrics_path) or {})
-    result["seconds"] = round(time.perf_counter() - start, 1)
+    from klear_lib.schedule import unit_slot
+
+    with unit_slot():  # one of `klear reproduce`'s machine-wide unit slots (a no-op outside it)
+        started, start, cpu = time.time(), time.perf_counter(), _cpu_now()
+        result = dict(func(**kwargs, metrics_path=metrics_path) or {})
+        result["seconds"] = round(time.perf_counter() - start, 1)
+        result["cpu_seconds"] = round(_cpu_now() - cpu, 2)
+        result["started_at"], result["ended_at"] = round(started, 3), round(time.time(), 3)
     runs.to_json_text(result, "result")  # a result that cannot be written fails here, in the unit
     return result
+
+
+def _cpu_now() -> float:
+    """CPU time (user + system) of this process and of the children it has waited for (``getrusage`` SELF +
+    CHILDREN): its difference across a unit is the unit's CPU time, its own processes' included once they are
+    reaped (a worker runs one unit at a time)."""
+    import resource
+
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def merge_metrics(run_dir: str | os.PathLike, jobs: list[Job]) -> int:

@@ -1,11 +1,12 @@
 """Running a notebook headless: papermill into a fresh run directory, with its record (``params.json``), its
 ``status.json`` when it is interrupted or fails, a full disk as one line, resume, and the report.
 
-Ctrl-C marks the run ``interrupted`` (``status.json``); a failed or dead kernel is recorded there with its cause and
-the last cell. A full disk is one line too (what failed, the free space, the ``--resume`` command), and a run does
-not start with less than ``runs.min_free_mb()`` free. Every file written here is written whole or not at all
-(``runs.write_atomic``), papermill's ``notebook.ipynb`` included. The kernel and the units' workers get
-``KLEAR_RUN_OWNER`` (this process): they end, and record nothing more, when it dies by any signal.
+Ctrl-C marks the run ``interrupted`` (``status.json``) and interrupts the kernel's cell; a failed or dead kernel is
+recorded there with its cause and the last cell. A full disk is one line too (what failed, the free space, the
+``--resume`` command), and a run does not start with less than ``runs.min_free_mb()`` free. Every file written
+here is written whole or not at all (``runs.write_atomic``), papermill's ``notebook.ipynb`` included. The kernel and
+the units' workers get ``KLEAR_RUN_OWNER`` (this process): they end, and record nothing more, when it dies by any
+signal.
 
 Parameters come from ``klear_lib.presets``; ``klear_lib.cli`` is the command line over this module.
 """
@@ -345,6 +346,37 @@ def _write_notebook_atomically(run_dir: pathlib.Path) -> None:
 
 
 @contextlib.contextmanager
+def _interrupting_the_kernel():
+    """Ctrl-C (SIGINT) of this process reaches the kernel too, as Jupyter's interrupt does: the kernel runs in a
+    session of its own (jupyter_client), out of the terminal's reach, and after a Ctrl-C papermill waited for the
+    running cell to end before it shut the kernel down (a cell of units: minutes, 2026-12-07). Each child that leads
+    its own process group (the kernel) gets SIGINT, then this process raises KeyboardInterrupt as before. Nothing
+    changes where SIGINT is ignored (a background job) or outside the main thread."""
+    import signal
+    import threading
+
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
+        yield
+        return
+
+    def interrupt(signum, frame):
+        for pid in _children() or ():
+            with contextlib.suppress(OSError):
+                if os.getpgid(pid) == pid:
+                    os.killpg(pid, signal.SIGINT)
+        if callable(previous):
+            previous(signum, frame)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
 def _owning_the_run():
     """``KLEAR_RUN_OWNER`` = this process, for the kernel and its unit workers (``klear_lib.experiment``): they
     end, and record nothing more, when this process dies by any signal."""
@@ -466,7 +498,7 @@ def _execute(notebook: pathlib.Path, name: str, params: Mapping[str, Any], recor
                                        **({"KLEAR_EXECUTOR": executor} if executor else {}),
                                        **({"KLEAR_RAY_ADDRESS": ray_address} if ray_address else {})}))
     try:
-        with _owning_the_run(), _adopting_descendants():
+        with _owning_the_run(), _adopting_descendants(), _interrupting_the_kernel():
             papermill.execute_notebook(
                 str(notebook),
                 str(output),

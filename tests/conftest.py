@@ -17,9 +17,9 @@ torch.set_num_threads(1)
 # make test hands whole files to its two pytest-xdist workers (--dist loadfile) in collection order. The files with
 # the longest tests (make test, 2026-12-03: 13-55 s each, a notebook or a process tree run for real) go first, so
 # that the pass ends on short files, not on one worker running a long file while the other waits.
-SLOW_FILES_FIRST = ("test_cli.py", "test_papermill_readme.py", "test_resume.py", "test_ray_executor.py",
-                    "test_gpu_check.py", "test_disk_full.py", "test_locks.py", "test_launch.py", "test_ddp.py",
-                    "test_bench_scripts.py", "test_reward_pool.py", "test_evaluate.py", "test_verl.py",
+SLOW_FILES_FIRST = ("test_cli.py", "test_schedule.py", "test_papermill_readme.py", "test_resume.py",
+                    "test_ray_executor.py", "test_gpu_check.py", "test_disk_full.py", "test_locks.py", "test_launch.py",
+                    "test_ddp.py", "test_bench_scripts.py", "test_reward_pool.py", "test_evaluate.py", "test_verl.py",
                     "test_tracking.py", "test_run_identity.py")
 
 

@@ -35,7 +35,8 @@ TESTS = pathlib.Path(__file__).parent
 REPO = TESTS.parent
 MARK = "KLEAR_TEST_RAY_MARK"  # every process of the test's cluster carries it (and KLEAR_TEST_NODE=<its node>)
 UNIT_MARK = "KLEAR_TEST_UNIT_MARK"  # a KLEAR_ variable of the driver: the units' processes see it (forwarded)
-NOT_TIMING = ("seconds", "node")  # wall-clock and placement: all that may differ between executors
+NOT_TIMING = ("seconds", "cpu_seconds", "started_at", "ended_at", "node")  # times and placement: all that may
+# differ between executors
 
 
 def _free_port() -> int:
