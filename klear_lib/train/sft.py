@@ -2,7 +2,9 @@
 
 Samples are in TRL's conversational prompt-completion format (``prompt``: the user turn, ``completion``: the
 assistant turn), so ``completion_only_loss`` masks the prompt tokens out of the loss. Resumable: when the
-output directory holds a checkpoint and ``resume`` is set, training continues from the last one.
+output directory holds a checkpoint and ``resume`` is set, training continues from the last one. Batches are TRL's
+random ones, laid out packed (``SFTStageConfig.packed``, ``pack_batch``: the same samples and numbers in fewer
+rows, issue 46) where the attention allows it.
 
 ``load_for_sft`` loads a model through plain transformers, or through unsloth's ``FastLanguageModel`` (faster
 kernels, less memory; one CUDA GPU) when asked: ``use_unsloth=True`` / ``SFTStageConfig.use_unsloth``. unsloth is
@@ -76,6 +78,16 @@ class SFTStageConfig:
     (median 0.35) where random batches gave a lowest of 0.87 (0.74 on another processor), and 02's primary went
     from reproduced to inconclusive (docs/results.md, 2026-12-07). So off by default: random batches, as before.
     Either way ``run_sft`` writes the padding share to ``<output_dir>/sft_tokens.json``."""
+    packed: bool = True
+    """Lay each batch out packed (``pack_batch``): the same samples in the same batches and order as padded, in
+    fewer rows (each sequence's positions from 0, attention within each sequence only), so the loss and the
+    gradients are the padded batch's to float rounding (``tests/test_sft_packing.py``). Only with transformers'
+    sdpa or eager attention and without unsloth (``packs``); elsewhere padded. 03's SFT start (6,000 samples, 2
+    epochs, 750 steps, one thread; issue 46, 2026-12-07): padding 29.6% -> 5.7% of the positions, CPU time 0.81x
+    (107.8 and 108.4 -> 87.3 and 87.9 CPU-s). Its losses part from the padded run's only as float rounding grows
+    over the steps: the mean over 750 steps 0.2730 padded, 0.2819 packed, and 0.2930 for a padded run with each
+    batch's rows reversed (the same numbers but for rounding); the last logged 0.00428, 0.00470, 0.00496
+    (``benchmarks/bench_sft_packing.py --control``)."""
     gradient_checkpointing: bool | None = None
     """Recompute activations in the backward pass (TRL's default: on). ``None``: on where the model trains on a GPU,
     off with ``use_cpu``, where memory is not what limits a run and the recomputation costs a quarter of the step
@@ -87,6 +99,8 @@ class SFTStageConfig:
             raise TypeError(f"SFTStageConfig.use_unsloth must be true or false, got {self.use_unsloth!r}")
         if not isinstance(self.length_grouped, bool):
             raise TypeError(f"SFTStageConfig.length_grouped must be true or false, got {self.length_grouped!r}")
+        if not isinstance(self.packed, bool):
+            raise TypeError(f"SFTStageConfig.packed must be true or false, got {self.packed!r}")
 
     @classmethod
     def from_experiment(cls, cfg, **changes) -> "SFTStageConfig":
@@ -200,7 +214,9 @@ def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: 
         )
         trainer.remove_callback(PrinterCallback)  # TRL prints a dict per log step when tqdm is off
         add_hparams(trainer, cfg, args.report_to)  # TensorBoard: the resolved config as hparams
-        counter = trainer.data_collator = TokenCounter(trainer.data_collator)
+        packed = cfg.packed and packs(trainer.model, cfg)
+        counter = trainer.data_collator = TokenCounter(
+            trainer.data_collator, pad_token_id=trainer.data_collator.pad_token_id if packed else None)
         last = get_last_checkpoint(str(output_dir)) if cfg.resume and output_dir.exists() else None
         trainer.train(resume_from_checkpoint=last)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -212,30 +228,126 @@ def run_sft(model, tokenizer, samples: list[dict], output_dir: str | Path, cfg: 
     return trainer.model
 
 
+def packs(model, cfg: SFTStageConfig) -> bool:
+    """Whether ``run_sft`` packs a batch for ``model`` where ``cfg.packed`` asks: only with transformers' own sdpa or
+    eager attention, whose mask ``pack_batch``'s layout is checked against (``tests/test_sft_packing.py``), and
+    never with unsloth (its kernels take the mask their own way). Elsewhere the batches stay padded, and
+    ``sft_tokens.json`` says ``"packed": false``."""
+    return not cfg.use_unsloth and getattr(model.config, "_attn_implementation", None) in ("sdpa", "eager")
+
+
 SFT_TOKENS_FILE = "sft_tokens.json"  # beside an SFT run's checkpoints: its batches' tokens and padding share
 
 
 class TokenCounter:
     """Wraps a data collator and counts, over the batches it makes, the samples, the tokens the model attends to and
-    the positions of the padded batches (``attention_mask``; a batch without one is padding-free, all tokens real).
-    ``stats()``: what ``run_sft`` writes to ``sft_tokens.json`` (since a resume, only the batches after it)."""
+    the positions of the batches the model is given (``attention_mask``; a batch without one is padding-free, all
+    tokens real). With ``pad_token_id`` set, each batch is re-laid out by ``pack_batch`` after its real tokens are
+    counted, and the positions are the packed rows'. ``stats()``: what ``run_sft`` writes to ``sft_tokens.json``
+    (since a resume, only the batches after it), ``packed`` among it."""
 
-    def __init__(self, collate):
-        self.collate, self.samples, self.tokens, self.positions = collate, 0, 0, 0
+    def __init__(self, collate, pad_token_id: int | None = None):
+        self.collate, self.pad_token_id = collate, pad_token_id
+        self.samples, self.tokens, self.positions = 0, 0, 0
 
     def __call__(self, examples):
         batch = self.collate(examples)
         mask = batch.get("attention_mask") if hasattr(batch, "get") else None
-        ids = batch["input_ids"]
         self.samples += len(examples)
-        self.tokens += int(mask.sum()) if mask is not None else ids.numel()
-        self.positions += ids.numel()
+        self.tokens += int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+        if self.pad_token_id is not None:
+            batch = pack_batch(batch, self.pad_token_id)
+        self.positions += batch["input_ids"].numel()
         return batch
 
     def stats(self) -> dict:
         share = 1.0 - self.tokens / self.positions if self.positions else 0.0
         return {"samples": self.samples, "tokens": self.tokens, "positions": self.positions,
-                "padding_share": round(share, 6)}
+                "padding_share": round(share, 6), "packed": self.pad_token_id is not None}
+
+
+PACK_WIDEST = 2.0
+"""``pack_batch``'s widest row, in multiples of the batch's longest sequence. On 03's SFT start (batches of 16,
+sequences of 39-83 tokens) rows only as wide as the longest sequence pad 21% of the positions (two sequences
+seldom fit beside each other in the longest's room), up to 2x 5.7%, 3x 4.0%, 4x 2.3%; 60 training steps took
+0.87x, 0.80x, 0.83x and 0.85x the padded batches' CPU time (wider rows cost attention)."""
+
+
+def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Indices of ``lengths`` grouped into rows whose lengths sum to at most ``capacity``: the longest first (ties in
+    index order), each into the first row with room, a new row where none has. Within a row, in placement order."""
+    if lengths and max(lengths) > capacity:
+        raise ValueError(f"a sequence of {max(lengths)} tokens does not fit a row of {capacity}")
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for r, left in enumerate(room):
+            if lengths[i] <= left:
+                rows[r].append(i)
+                room[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            room.append(capacity - lengths[i])
+    return rows
+
+
+def pack_rows(lengths: list[int], widest: float = PACK_WIDEST) -> tuple[list[list[int]], int]:
+    """The packed layout of sequences of ``lengths``: ``first_fit_decreasing`` at each row capacity from the longest
+    sequence to ``widest`` times it, the one with the fewest positions (rows × the longest row; ties: the narrower).
+    Returns the rows (indices) and their width. ``widest=1``: rows as wide as the padded batch."""
+    longest = max(lengths)
+    best = None
+    for capacity in range(longest, max(longest, int(widest * longest)) + 1):
+        rows = first_fit_decreasing(lengths, capacity)
+        width = max(sum(lengths[i] for i in row) for row in rows)
+        if best is None or (len(rows) * width, width) < (len(best[0]) * best[1], best[1]):
+            best = rows, width
+        if len(rows) == 1:
+            break
+    return best
+
+
+def pack_batch(batch, pad_token_id: int, widest: float = PACK_WIDEST) -> dict:
+    """A right-padded batch (``input_ids``, ``attention_mask``, ``labels``: TRL's ``DataCollatorForLanguageModeling``
+    without ``padding_free``) re-laid out with the same sequences in fewer rows (issue 46): placed by ``pack_rows``
+    (rows up to ``widest`` times the longest sequence), each sequence's ``position_ids`` from 0, its first token's
+    label -100, each row padded at its end (``pad_token_id``, label -100, positions 0, 1, ...) to the longest row.
+    Returns ``input_ids``, ``labels`` and ``position_ids``; no ``attention_mask``.
+
+    Why the numbers do not change: without a 2-D mask, transformers (5.17, ``masking_utils``:
+    ``find_packed_sequence_indices``) reads the sequence boundaries off ``position_ids`` (a position that is not its
+    left neighbour's plus one starts a sequence) and builds a block-diagonal causal mask, with sdpa and eager alike;
+    so each sequence attends to itself only, causally, at the positions of its padded row, and a row's padding tail
+    is a sequence of its own, seen by no real token. The loss is a sum over the tokens whose label is not -100,
+    divided by their count: the fused LM head of TRL scores ``labels[:, 1:]`` and Trainer's ``num_items_in_batch``
+    counts ``labels[..., 1:]``; in the padded batch the shift drops each sequence's first label, here it is set to
+    -100, and a sequence's last token is scored against the next one's first: -100 too. Loss, per-sequence losses
+    and gradients equal the padded batch's to float rounding (``tests/test_sft_packing.py``). Other keys are
+    refused (nothing else of a batch is known to survive a re-layout); not for flash-attention kernels, which would
+    need ``cu_seq_lens``."""
+    extra = set(batch.keys()) - {"input_ids", "attention_mask", "labels"}
+    if extra:
+        raise ValueError(f"pack_batch knows input_ids, attention_mask and labels only, got also {sorted(extra)}")
+    ids, labels, mask = batch["input_ids"], batch["labels"], batch["attention_mask"].bool()
+    lengths = mask.sum(1)
+    if not bool((mask == (torch.arange(mask.shape[1])[None] < lengths[:, None])).all()):
+        raise ValueError("pack_batch needs right-padded rows (the attention mask a run of ones, then zeros)")
+    lengths = lengths.tolist()
+    rows, width = pack_rows(lengths, widest)
+    out_ids = torch.full((len(rows), width), pad_token_id, dtype=ids.dtype)
+    out_labels = torch.full((len(rows), width), -100, dtype=labels.dtype)
+    out_pos = torch.empty((len(rows), width), dtype=torch.long)
+    for r, row in enumerate(rows):
+        at = 0
+        for i in row:
+            n = lengths[i]
+            out_ids[r, at:at + n] = ids[i, :n]
+            out_labels[r, at + 1:at + n] = labels[i, 1:n]
+            out_pos[r, at:at + n] = torch.arange(n)
+            at += n
+        out_pos[r, at:] = torch.arange(width - at)
+    return {"input_ids": out_ids, "labels": out_labels, "position_ids": out_pos}
 
 
 def sft_token_stats(output_dir: str | Path) -> dict | None:
