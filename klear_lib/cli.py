@@ -260,21 +260,23 @@ def _cmd_reproduce(args: argparse.Namespace, layout: runner.Layout) -> int:
     if not names:
         print(f"no notebook in {layout.notebooks_dir} has a {preset!r} preset in {layout.params_dir}")
         return 1
+    at_once = args.max_notebooks or schedule.default_max_notebooks(cores, presets.usable_cpus())
     earlier = schedule.recorded_runs(layout.output_root, preset)  # longest expected first, where a run is recorded
     rank = schedule.upward_rank({n: r.work for n, r in earlier.items()},
                                 schedule.dependencies(earlier), {n: r.wall for n, r in earlier.items()})
     clock, cpu = time.monotonic(), runner._cpu_seconds()
     log = {"preset": preset, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cores": cores,
-           "max_notebooks": args.max_notebooks or None, "total_s": 0.0, "rows": []}
+           "max_notebooks": at_once, "total_s": 0.0, "rows": []}
 
     def record(rows: list[dict]) -> None:
         log["rows"] = rows
         log["total_s"] = round(time.monotonic() - clock, 1)
         runner.write_reproduce_log(layout, log)
 
-    print(f"== {', '.join(names)} ({preset}): {cores} unit slots", file=sys.stderr, flush=True)
+    print(f"== {', '.join(names)} ({preset}): {cores} unit slots, {at_once or 'all'} notebooks at once",
+          file=sys.stderr, flush=True)
     with runner._adopting_descendants():  # a child's orphans come here: their CPU time is counted, they are reaped
-        rows = schedule.run_notebooks(layout, preset, names, cores=cores, max_notebooks=args.max_notebooks or None,
+        rows = schedule.run_notebooks(layout, preset, names, cores=cores, max_notebooks=at_once,
                                       rank={n: rank.get(n, 0.0) for n in names}, on_row=record)
     for row in rows:
         if row["status"] in ("FAILED", "ERROR", "skipped"):
@@ -378,8 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-root", help="default: outputs")
     p.add_argument("--cores", type=int, nargs="+", metavar="N", help="units at once across all notebooks (default: "
                    "the cores this process may use); with --plan, the core counts to predict (default: 2 4 8 16 64)")
-    p.add_argument("--max-notebooks", type=int, default=0, metavar="M", help="notebooks at once (default 0: every "
-                   "notebook whose prerequisites ran)")
+    p.add_argument("--max-notebooks", type=int, default=0, metavar="M", help="notebooks at once (default 0: as many "
+                   "as the free memory holds, klear_lib.schedule.default_max_notebooks; with --plan, no limit)")
     p.add_argument("--plan", action="store_true", help="run nothing: predict the wall-clock for each --cores from "
                    "the recorded unit times of the latest runs under the output root")
     p.set_defaults(func=_cmd_reproduce)

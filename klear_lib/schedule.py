@@ -534,6 +534,27 @@ def write_plan(output_root: str | os.PathLike, data: Mapping) -> pathlib.Path:
 
 # ------------------------------------------------------------------------------------ running the notebooks
 
+# Memory, measured at `smoke` on 2026-12-07 (/proc/<pid>/smaps_rollup, 2-core AMD EPYC, 23 GB): a notebook's kernel
+# 420 MB PSS and its forkserver 230 MB; a worker waiting for a slot 15 MB of its own (PSS 115 MB, the rest shared
+# with its forkserver); a running tiny unit 190 MB private.
+NOTEBOOK_MB, IDLE_WORKER_MB, UNIT_MB = 700, 15, 200
+
+
+def default_max_notebooks(cores: int, workers: int | None = None, *, avail_mb: float | None = None) -> int | None:
+    """How many notebooks may run at once within the available memory (``MemAvailable``): what ``cores`` running
+    units leave, shared among notebooks of ``NOTEBOOK_MB`` each plus ``workers`` (default ``cores``, ``auto``) idle
+    workers; at least 1. None (every ready notebook) where the memory cannot be read. With 22 GB free: 29 on 2 cores,
+    5 on 64."""
+    if avail_mb is None:
+        try:
+            text = pathlib.Path("/proc/meminfo").read_text()
+            avail_mb = int(re.search(r"^MemAvailable:\s+(\d+) kB", text, re.M)[1]) / 1024
+        except (OSError, TypeError, ValueError):
+            return None
+    workers = cores if workers is None else workers
+    return max(1, int((avail_mb - cores * UNIT_MB) // (NOTEBOOK_MB + workers * IDLE_WORKER_MB)))
+
+
 
 @dataclasses.dataclass
 class _Child:

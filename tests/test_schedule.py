@@ -103,6 +103,15 @@ def test_the_scheduler_keeps_its_invariants_on_random_work():
         assert got.makespan >= max(schedule.critical_path(works, deps), work / cores) - 1e-9, trial
 
 
+def test_notebooks_at_once_fit_the_free_memory():
+    # (free - cores x 200 MB of running units) // (700 MB a notebook + its idle workers x 15 MB)
+    assert schedule.default_max_notebooks(2, avail_mb=22000) == 21600 // 730 == 29
+    assert schedule.default_max_notebooks(64, avail_mb=22000) == 9200 // 1660 == 5
+    assert schedule.default_max_notebooks(64, 2, avail_mb=22000) == 9200 // 730
+    assert schedule.default_max_notebooks(8, avail_mb=1000) == 1  # at least one
+    assert schedule.default_max_notebooks(2) >= 1  # this machine's /proc/meminfo
+
+
 # -------------------------------------------------------------------------------------------- unit slots
 
 
