@@ -163,7 +163,7 @@ def test_a_unit_records_its_cpu_time_and_stamps(tmp_path, monkeypatch):
     got = experiment._call("jobfns:slow_unit", {"n": 0, "steps": 2, "step_s": 0.3, "pad": 0, "children": False},
                            str(tmp_path / "u.jsonl"))
     assert got["seconds"] >= 0.5 and got["cpu_seconds"] < 0.3
-    assert before <= got["started_at"] <= got["ended_at"] <= time.time()
+    assert before - 0.001 <= got["started_at"] <= got["ended_at"] <= time.time() + 0.001  # to the millisecond
     assert got["ended_at"] - got["started_at"] == pytest.approx(got["seconds"], abs=0.1)
     busy = experiment._call("test_schedule:_burn", {"seconds": 0.3}, str(tmp_path / "b.jsonl"))
     assert busy["cpu_seconds"] >= 0.25  # the child's CPU, counted once it was reaped
@@ -189,13 +189,14 @@ def _stamp(t: float) -> str:
     return datetime.datetime.fromtimestamp(t).astimezone().strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def fake_run(root, name, stamp, *, start, seconds, groups, workers="auto", preset="tiny", status=None):
+def fake_run(root, name, stamp, *, start, seconds, groups, workers="auto", preset="tiny", status=None, cpu=None):
     """A run directory as klear run leaves it: params.json, and units/*.json per group (folder: [(start offset,
     end offset, cpu seconds)]); the `cpu` None: an older result with `seconds` only, its file's time as its end."""
     run_dir = root / name / stamp
     run_dir.mkdir(parents=True)
     (run_dir / "params.json").write_text(json.dumps({"notebook": name, "preset": preset, "params": {"workers": workers},
-                                                     "started": _stamp(start), "seconds": seconds}))
+                                                     "started": _stamp(start), "seconds": seconds,
+                                                     **({"cpu_seconds": cpu} if cpu is not None else {})}))
     if status:
         (run_dir / "status.json").write_text(json.dumps({"status": status}))
     for folder, rows in groups.items():
@@ -227,6 +228,23 @@ def test_a_recorded_run_reads_as_segments_where_its_time_was(tmp_path):
     old = fake_run(tmp_path, "04_b", "20260101-000000", start=T0, seconds=10, groups={"units": [(1, 4, None)]})
     assert schedule.read_recorded(old).work.segments == (("serial", 1), ("units", (3,)), ("serial", 6))
     assert schedule.read_recorded(old).source == "seconds"
+
+
+def test_a_run_beside_others_counts_its_own_cpu_outside_units(tmp_path):
+    """19 CPU-s in all, 14.5 in units: 4.5 of its own outside them where the wall-clock says 9, so beside other
+    notebooks its serial parts are halved; alone (or with no CPU time recorded) they stay as measured."""
+    groups = {"starts/units": [(2, 8, 5.5), (2, 7, 4)], "units": [(10, 15, 5)]}
+    run_dir = fake_run(tmp_path, "03_a", "20260101-000000", start=T0, seconds=20, groups=groups, cpu=19)
+    rec = schedule.read_recorded(run_dir, beside_others=True)
+    assert rec.work.segments == (("serial", 1), ("units", (5.5, 4)), ("serial", 1), ("units", (5,)), ("serial", 2.5))
+    assert (rec.outside, rec.outside_wall) == (4.5, 9)
+    assert schedule.read_recorded(run_dir).outside == 9
+    # recorded_runs finds who ran beside whom: 04_b overlaps 03_a by 5 s, 05_c starts 1 s after 03_a ended
+    # (each 2 s of wall before its unit, 1 CPU-s of its own)
+    fake_run(tmp_path, "04_b", "20260101-000000", start=T0 + 15, seconds=10, groups={"units": [(2, 10, 1)]}, cpu=2)
+    fake_run(tmp_path, "05_c", "20260101-000000", start=T0 + 26, seconds=10, groups={"units": [(2, 10, 1)]}, cpu=2)
+    got = schedule.recorded_runs(tmp_path)
+    assert (got["03_a"].outside, got["04_b"].outside, got["05_c"].outside) == (4.5, 1, 2)
 
 
 def test_plan_on_a_recorded_tree(tmp_path, capsys, monkeypatch):
@@ -263,7 +281,9 @@ def test_plan_on_a_recorded_tree(tmp_path, capsys, monkeypatch):
     assert cli.main(["reproduce", "--plan", "--cores", "1", "2", *dirs]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split()[0] == "cores"
-    assert [line.split()[:3] for line in lines[2:]] == [["1", "26s", "25s"], ["2", "19s", "15s"]]
+    assert [line.split()[:3] for line in lines[2:4]] == [["1", "26s", "25s"], ["2", "19s", "15s"]]
+    # all work / cores: (22 s of units + 1 + 1 + 2 outside them) / cores
+    assert [line.split()[-1] for line in lines[2:4]] == ["26s", "13s"] and len(lines) == 5
     assert cli.main(["reproduce", "--plan", "--preset", "gpu", *dirs]) == 2
     assert "no finished run with the 'gpu' preset" in capsys.readouterr().err
     assert cli.main(["reproduce", "--plan", "--output-root", str(tmp_path / "empty"), *dirs[2:]]) == 2
