@@ -435,6 +435,7 @@ def run_notebook(
     resume: str | os.PathLike | None = None,
     executor: str | None = None,
     ray_address: str | None = None,
+    dry_run: bool = True,
 ) -> pathlib.Path:
     """Execute a notebook with a preset into a new run directory and return it; NotebookFailed if it raised
     (DiskFull, one line, when the disk filled up), RunInterrupted on Ctrl-C. ``resume``: run again into that run
@@ -442,7 +443,8 @@ def run_notebook(
     ``overrides`` must not be given); the units of work it finished are not redone (``klear_lib.experiment``).
     Refused (KlearError) with less than ``runs.min_free_mb()`` free on the output root, and while another process
     runs the same run directory (``own_run_dir``). ``executor`` (``local``, ``ray``) and ``ray_address`` reach the
-    kernel's units as ``KLEAR_EXECUTOR``/``KLEAR_RAY_ADDRESS`` (``klear_lib.experiment.run_jobs``)."""
+    kernel's units as ``KLEAR_EXECUTOR``/``KLEAR_RAY_ADDRESS`` (``klear_lib.experiment.run_jobs``). ``dry_run``
+    False: the notebook's config cells are not run first (``klear reproduce`` ran them all in one process)."""
     owner = contextlib.ExitStack()
     if resume is not None:
         _check_free_space(pathlib.Path(resume))
@@ -450,7 +452,7 @@ def run_notebook(
         run_dir, notebook, name, params, record = _resume_record(pathlib.Path(resume), layout)
         preset = record.get("preset", preset)
     else:
-        notebook, name, params = resolve(spec, preset, overrides, layout, dry_run=True)
+        notebook, name, params = resolve(spec, preset, overrides, layout, dry_run=dry_run)
         _check_free_space(layout.output_root)
         try:
             run_dir = runs.create_run_dir(layout.output_root, name).resolve()

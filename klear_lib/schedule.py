@@ -618,10 +618,16 @@ def run_notebooks(layout, preset: str, names: Sequence[str], *, cores: int, max_
     A notebook starts once every notebook it depends on (``dependencies``) ran; if one did not, it is skipped, with
     why. At most ``max_notebooks`` at once (None: all ready ones), highest ``rank`` first (default: name order).
     On Ctrl-C (or any exception) every child is asked to stop (SIGINT: it records itself interrupted), waited for up
-    to ``INTERRUPT_GRACE_S``, then killed; the rows so far go to ``on_row`` and the exception goes on."""
+    to ``INTERRUPT_GRACE_S``, then killed; the rows so far go to ``on_row`` and the exception goes on.
+
+    Every notebook's parameters are checked here first, its config cells run (``runner.resolve``: what ``klear run``
+    does before a kernel starts), all in this one process: a notebook they refuse is an ERROR row at once, and the
+    children skip the check. Each child doing it again imported torch again: 5.5 CPU-s a child, where a child
+    without it starts in 1.3 (2026-12-07, 03 at smoke)."""
     import tempfile
 
-    from klear_lib import experiment
+    from klear_lib import experiment, runner
+    from klear_lib.presets import KlearError
 
     deps = dependencies(names, after)
     rank = dict(rank or {})
@@ -633,6 +639,17 @@ def run_notebooks(layout, preset: str, names: Sequence[str], *, cores: int, max_
     def publish() -> None:
         if on_row is not None:
             on_row([rows[n] for n in sorted(rows)])
+
+    for name in names:
+        clock = time.time()
+        try:
+            runner.resolve(name, preset, (), layout, dry_run=True)
+        except KlearError as err:
+            print(f"klear: error: {err}", file=sys.stderr)
+            rows[name] = {"notebook": name, "status": "ERROR", "seconds": round(time.time() - clock, 1),
+                          "run_dir": "", "message": str(err), "start": clock, "end": time.time()}
+    if rows:
+        publish()
 
     with tempfile.TemporaryDirectory(prefix="klear-reproduce-") as scratch:
         slots = make_slots(pathlib.Path(scratch) / "slots", cores)
@@ -682,7 +699,7 @@ OK = ("ran", "incomplete")  # a notebook its dependents may follow (incomplete: 
 def _start_child(layout, preset: str, name: str, env: Mapping[str, str], scratch: pathlib.Path,
                  lock: threading.Lock) -> _Child:
     result = scratch / f"{name}.result.json"
-    cmd = [sys.executable, "-m", "klear_lib.schedule", name, "--preset", preset, "--result", str(result),
+    cmd = [sys.executable, "-m", "klear_lib.schedule", name, "--preset", preset, "--result", str(result), "--checked",
            "--repo-root", str(layout.repo_root), "--notebooks-dir", str(layout.notebooks_dir),
            "--params-dir", str(layout.params_dir), "--output-root", str(layout.output_root)]
     start = time.time()
@@ -759,9 +776,10 @@ def _watch_owner(owner: str | None) -> None:
 
 
 def child_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m klear_lib.schedule NOTEBOOK --preset P --result FILE <folders>``: what ``klear run NOTEBOOK
-    --preset P`` does (``runner.run_notebook``, without papermill's progress bar), with its outcome written to
-    FILE as JSON (``status``, ``run_dir``, ``message``) for ``klear reproduce``. Exit status as klear run's."""
+    """``python -m klear_lib.schedule NOTEBOOK --preset P --result FILE [--checked] <folders>``: what ``klear run
+    NOTEBOOK --preset P`` does (``runner.run_notebook``, without papermill's progress bar; with ``--checked``,
+    without running the config cells first), with its outcome written to FILE as JSON (``status``, ``run_dir``,
+    ``message``) for ``klear reproduce``. Exit status as klear run's."""
     import argparse
 
     from klear_lib import experiment, runner
@@ -771,6 +789,7 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("notebook")
     parser.add_argument("--preset", required=True)
     parser.add_argument("--result", required=True)
+    parser.add_argument("--checked", action="store_true", help="the parameters were checked (config cells run)")
     for flag in ("--repo-root", "--notebooks-dir", "--params-dir", "--output-root"):
         parser.add_argument(flag, required=True)
     args = parser.parse_args(argv)
@@ -780,7 +799,8 @@ def child_main(argv: Sequence[str] | None = None) -> int:
                                                                   args.params_dir, args.output_root)))
     code, run_dir, message = 0, "", ""
     try:
-        run_dir = runner.run_notebook(args.notebook, args.preset, layout=layout, progress_bar=False)
+        run_dir = runner.run_notebook(args.notebook, args.preset, layout=layout, progress_bar=False,
+                                      dry_run=not args.checked)
     except runner.NotebookFailed as err:
         print(f"klear: {err}", file=sys.stderr)
         code, status, run_dir, message = 1, "FAILED", str(err.output.parent), str(err).split("\n")[0]

@@ -294,7 +294,8 @@ def test_plan_on_a_recorded_tree(tmp_path, capsys, monkeypatch):
 
 def fake_notebooks(tmp_path):
     """Notebooks 10_a, 20_b (after 10_a), 30_c with two units each (95_units: each unit writes 3 records 0.2 s
-    apart), 15_fails (98_fails: raises) and 40_d (95_units, after 15_fails); the smoke preset for each."""
+    apart), 15_fails (98_fails: raises), 40_d (95_units, after 15_fails) and 50_bad (96_checked with a value its
+    config cell refuses); the smoke preset for each."""
     nbs, params = tmp_path / "nb", tmp_path / "params"
     nbs.mkdir()
     units_nb = FIXTURES / "units" / "nb" / "95_units.ipynb"
@@ -305,6 +306,9 @@ def fake_notebooks(tmp_path):
     shutil.copy(FIXTURES / "nb" / "98_fails.ipynb", nbs / "15_fails.ipynb")
     (params / "15_fails").mkdir()
     shutil.copy(FIXTURES / "params" / "98_fails" / "smoke.yaml", params / "15_fails" / "smoke.yaml")
+    shutil.copy(FIXTURES / "nb" / "96_checked.ipynb", nbs / "50_bad.ipynb")  # its config cell refuses lr <= 0
+    (params / "50_bad").mkdir()
+    (params / "50_bad" / "smoke.yaml").write_text("lr: -1.0e-3\n")
     return ["--notebooks-dir", str(nbs), "--params-dir", str(params), "--output-root", str(tmp_path / "out")]
 
 
@@ -318,10 +322,12 @@ def test_reproduce_on_one_slot_orders_by_the_graph_and_skips_after_a_failure(tmp
     log = json.loads((out / "reproduce.json").read_text())
     rows = {r["notebook"]: r for r in log["rows"]}
     assert {n: r["status"] for n, r in rows.items()} == {"10_a": "ran", "15_fails": "FAILED", "20_b": "ran",
-                                                         "30_c": "ran", "40_d": "skipped"}
+                                                         "30_c": "ran", "40_d": "skipped", "50_bad": "ERROR"}
     assert "15_fails FAILED" in rows["40_d"]["message"] and log["cores"] == 1
+    assert "lr must be > 0, got -0.001" in rows["50_bad"]["message"] and not (out / "50_bad").exists()
     assert rows["20_b"]["start"] >= rows["10_a"]["end"]  # after its prerequisite
-    assert "1 of 5 notebooks failed: 15_fails" in captured.err and "1 skipped after a failure: 40_d" in captured.err
+    assert "2 of 6 notebooks failed: 15_fails, 50_bad" in captured.err
+    assert "1 skipped after a failure: 40_d" in captured.err
     assert "[10_a] " in captured.err  # the children's lines, by notebook
     # the slot: no two units of any notebooks overlapped (their own stamps), though 10_a and 30_c ran side by side
     stamps = []
@@ -335,8 +341,9 @@ def test_reproduce_on_one_slot_orders_by_the_graph_and_skips_after_a_failure(tmp
     assert rows["30_c"]["start"] < rows["10_a"]["end"]  # the notebooks themselves did run at once
     # the table, then the card, then the plan (also in plan.json) from these runs
     table = captured.out.splitlines()
-    assert [row.split()[:2] for row in table[1:7]] == [["10_a", "ran"], ["15_fails", "FAILED"], ["20_b", "ran"],
-                                                       ["30_c", "ran"], ["40_d", "skipped"], ["report", "ran"]]
+    assert [row.split()[:2] for row in table[1:8]] == [["10_a", "ran"], ["15_fails", "FAILED"], ["20_b", "ran"],
+                                                       ["30_c", "ran"], ["40_d", "skipped"], ["50_bad", "ERROR"],
+                                                       ["report", "ran"]]
     plan = json.loads((out / "plan.json").read_text())
     assert sorted(plan["notebooks"]) == ["10_a", "20_b", "30_c"] and plan["after"] == {"20_b": ["10_a"]}
     assert [r["cores"] for r in plan["rows"]] == [1, 2, 4, 8, 16, 64]
@@ -347,7 +354,7 @@ def test_reproduce_on_one_slot_orders_by_the_graph_and_skips_after_a_failure(tmp
     # --plan reads the same tree; a second reproduce without the failure exits 0
     assert cli.main(["reproduce", "--plan", "--cores", "1", *dirs]) == 0
     assert capsys.readouterr().out.splitlines()[2].split()[0] == "1"
-    for name in ("15_fails", "30_c", "40_d"):
+    for name in ("15_fails", "30_c", "40_d", "50_bad"):
         shutil.rmtree(tmp_path / "params" / name)
     assert cli.main(["reproduce", "--preset", "smoke", "--cores", "2", "--max-notebooks", "1", *dirs]) == 0
     capsys.readouterr()
@@ -391,7 +398,7 @@ def test_interrupting_or_killing_reproduce_ends_every_child(tmp_path, how):
     from test_cli import as_from_a_terminal
 
     dirs = fake_notebooks(tmp_path)
-    for name in ("15_fails", "20_b", "40_d"):
+    for name in ("15_fails", "20_b", "40_d", "50_bad"):
         shutil.rmtree(tmp_path / "params" / name)
     for name in ("10_a", "30_c"):
         (tmp_path / "params" / name / "smoke.yaml").write_text("steps: 200\nstep_s: 0.5\nworkers: 1\n")
