@@ -2,8 +2,10 @@
 and ``klear reproduce --plan``, the wall-clock that schedule predicts for a number of cores from recorded times.
 
 Why: inside a notebook the heavy work is units (``klear_lib.experiment.run_jobs``), and each notebook ends on a
-barrier, its last unit. Run one after another, the notebooks leave cores idle at every tail: on 64 cores the unit
-times of a ``tiny`` reproduce predict 1,064 s where the longest chain of work allows about 430 s.
+barrier, its last unit. Run one after another, the notebooks leave cores idle at every tail (issue 46: on 64 cores
+the unit times of a ``tiny`` reproduce predicted 1,064 s where the longest chain of work allows about 430 s). At
+``smoke`` on a shared 2-core machine (2026-12-07, three pairs): 207, 203, 275 s of wall-clock one after another,
+175, 163, 215 s in one pool (0.78-0.84x), with 1.16x the CPU time (the notebooks' kernels beside each other).
 
 The pieces:
 
@@ -559,6 +561,10 @@ def plan_table(data: Mapping) -> str:
 
 
 def write_plan(output_root: str | os.PathLike, data: Mapping) -> pathlib.Path:
+    """``<output root>/plan.json``, for the report: ``rows`` (per ``cores``: ``one_after_another_s``, ``one_pool_s``,
+    ``critical_path_s``, ``unit_work_per_core_s``, ``all_work_per_core_s``), ``notebooks`` (per notebook: ``run_dir``,
+    ``preset``, ``wall_s``, ``outside_units_s``, ``outside_units_wall_s``, ``units``, ``unit_s``, ``unit_time``),
+    ``after`` (the graph used), ``unit_time``, ``presets``, ``max_notebooks``, ``made``."""
     from klear_lib import runs
 
     path = pathlib.Path(output_root) / PLAN_FILE
