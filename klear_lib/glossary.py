@@ -129,8 +129,9 @@ GLOSSARY.update({
     # -- one record per SFT unit (notebooks 01, 02; klear_lib.train.sft_jobs.sft_unit) ---------------------------
     "samples": ("SFT samples", "samples the unit fine-tuned on (one epoch: samples / batch size optimizer steps)"),
     "distinct_prompts": ("distinct prompts", "distinct questions among the unit's SFT samples"),
-    "sft/padding_share": ("SFT padding share", "1 - (tokens attended) / (positions of the padded batches), over the "
-                          "unit's SFT batches (klear_lib.train.sft.TokenCounter; length-grouped batches: about 1%)"),
+    "sft/padding_share": ("SFT padding share", "1 - (real tokens) / (positions the model saw), over the unit's SFT "
+                          "batches (klear_lib.train.sft.TokenCounter; packed batches, the default: about 6%; padded "
+                          "random ones about 30%)"),
     "teacher_correct": ("correct share of the SFT data", "share of the unit's SFT samples whose answer is right"),
     "level_*": ("SFT samples of a level", "the unit's SFT samples of that level"),
     "stage": ("stage", "score (a source's quality score) or top_k (an arm), a tag"),
