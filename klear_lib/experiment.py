@@ -9,7 +9,7 @@ and transformers once, ``_worker_context``; ``spawn`` where there is none; the f
 defined in a notebook) and writes its metric records to ``run_dir/units/<job>.jsonl``; when it returns, the
 parent writes its result (a JSON-able dict, with the unit's ``seconds``, ``cpu_seconds``, ``started_at`` and
 ``ended_at``: ``_call``) to ``run_dir/units/<job>.json``: that file is the job's "done" mark. Under ``klear
-reproduce`` a unit runs only while it holds one of the machine's unit slots (``klear_lib.schedule.unit_slot``).
+reproduce`` a unit runs only while it holds one of the machine's unit slots (``klear_lib.slots.unit_slot``).
 On a second call with the same run directory, done jobs are skipped and their results read back; an unfinished
 job's partial records are discarded and it runs again. After every finished job, ``metrics.jsonl`` is rewritten
 from the done jobs' records in job order (atomically), so it never holds a record twice and always holds every
@@ -317,13 +317,13 @@ def _call(fn: str, kwargs: dict, metrics_path: str, key: str | None = None) -> d
     """Run one unit in this worker; its result with the unit's wall time (``seconds``), its CPU time
     (``cpu_seconds``: this worker's user + system time over the unit, the children it reaped included) and its start
     and end (``started_at``, ``ended_at``: Unix seconds), which ``klear reproduce --plan`` schedules from. Under
-    ``klear reproduce`` the unit first takes one of the machine's unit slots (``schedule.unit_slot``): the times
+    ``klear reproduce`` the unit first takes one of the machine's unit slots (``slots.unit_slot``): the times
     count from when it has one."""
     global _CURRENT_UNIT
     _CURRENT_UNIT = key  # the unit's name for its experiment tracker (unit_tracking_dir)
     module, name = fn.split(":")
     func = getattr(importlib.import_module(module), name)
-    from klear_lib.schedule import unit_slot
+    from klear_lib.slots import unit_slot
 
     with unit_slot():  # one of `klear reproduce`'s machine-wide unit slots (a no-op outside it)
         started, start, cpu = time.time(), time.perf_counter(), _cpu_now()

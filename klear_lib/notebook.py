@@ -57,9 +57,10 @@ def start_run(name: str, run_dir: str, config: Any, params: Mapping[str, Any] | 
     were started (``klear run``, papermill, JupyterLab)."""
     path = Path(run_dir).resolve() if run_dir else runs.create_run_dir(output_root(), name)
     path.mkdir(parents=True, exist_ok=True)
+    from klear_lib import sampler  # issue 46: which generation path the run's stand-in model takes
     from klear_lib.rewards.sandbox import sandbox_mode  # how the code sandbox bounds a sample here (issue 37)
 
-    runs.write_run_metadata(path, config, versions={"sandbox": sandbox_mode()})
+    runs.write_run_metadata(path, config, versions={"sandbox": sandbox_mode(), "sampler": sampler.setting()})
     if params is not None:
         runs.write_preset_record(path, {**identify_preset(name, params), "launcher": launcher()})
     return path

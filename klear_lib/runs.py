@@ -6,7 +6,8 @@ A run directory is ``<output_root>/<notebook name>/<YYYYmmdd-HHMMSS>`` (``create
 ``config.json``     the resolved run config (``write_run_metadata``), sorted keys
 ``versions.json``   python, platform, the processor, the versions of the packages that shape a result, and
                     ``sandbox``: how the code sandbox bounds a sample here (``cgroup v2``/``cgroup v1``/``none``),
-                    ``sampler``: the generation path (``klear_lib.sampler.setting``, switch ``KLEAR_SAMPLER``)
+                    ``sampler``: the generation path (``klear_lib.sampler.setting``, switch ``KLEAR_SAMPLER``;
+                    written by the callers, ``notebook.start_run`` and ``train.launch``, which sit above both)
 ``git.json``        ``{"commit", "dirty", "branch", "root"}`` of the checkout that ran
 ``metrics.jsonl``   one JSON object per line, appended as training goes (``MetricsWriter``)
 ``summary.json``    the run's final numbers (``write_summary``)
@@ -380,10 +381,8 @@ def write_run_metadata(run_dir: str | os.PathLike, config: Any, *, versions: Map
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_json(run_dir / CONFIG_FILE, config)
-    from klear_lib import sampler  # issue 46: which generation path the run's stand-in model takes
-
     versions = {"python": sys.version.split()[0], "platform": platform.platform(), **cpu_record(),
-                **package_versions(), "sampler": sampler.setting(), **(versions or {})}
+                **package_versions(), **(versions or {})}
     _write_json(run_dir / VERSIONS_FILE, versions)
     _write_json(run_dir / GIT_FILE, git_info())
 

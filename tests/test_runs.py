@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import klear_lib
-from klear_lib import runs, sampler
+from klear_lib import runs
 
 HAS_GIT = shutil.which("git") is not None
 
@@ -61,8 +61,7 @@ def test_metadata_files_and_config_round_trip(tmp_path):
 
     versions = json.loads((tmp_path / "versions.json").read_text())
     assert set(runs.TRACKED_PACKAGES) | {"python", "platform", "cpu", "cpu_id", "cpu_count",
-                                          "cpu_capability", "sampler"} == set(versions)
-    assert versions["sampler"] == sampler.setting()  # issue 46: the generation path
+                                          "cpu_capability"} == set(versions)
     assert versions["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # e.g. AVX2, AVX512
     assert versions["cpu_count"] == str(os.cpu_count())
     if pathlib.Path("/proc/cpuinfo").is_file():

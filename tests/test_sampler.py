@@ -391,3 +391,19 @@ def test_chi_square_helper_against_a_hand_computed_case():
     a = torch.tensor([0] * 30 + [1] * 10)
     b = torch.tensor([0] * 20 + [1] * 20)
     assert _chi_square_p(a, b) == pytest.approx(math.erfc(math.sqrt(16 / 3 / 2)), rel=1e-9)
+
+
+def test_every_notebook_run_records_its_generation_path(tmp_path, monkeypatch):
+    """``versions.json`` says which path a run's stand-in took (issue 46): ours by default, HF's when switched off."""
+    import json
+
+    from klear_lib import notebook, runs
+
+    monkeypatch.delenv(sampler.ENV, raising=False)
+    notebook.start_run("x", str(tmp_path / "on"), {"x": 1})
+    on = json.loads((tmp_path / "on" / runs.VERSIONS_FILE).read_text())["sampler"]
+    assert on.startswith("klear_lib.sampler") and on == sampler.setting()
+    monkeypatch.setenv(sampler.ENV, "off")
+    notebook.start_run("x", str(tmp_path / "off"), {"x": 1})
+    off = json.loads((tmp_path / "off" / runs.VERSIONS_FILE).read_text())["sampler"]
+    assert off == "hf generate (KLEAR_SAMPLER=off)"

@@ -151,11 +151,12 @@ def launch(cfg: RLExperimentConfig, launch_cfg: LaunchConfig, out: str | os.Path
     main = _is_main()
     if main:
         out.mkdir(parents=True, exist_ok=True)
+        from klear_lib import sampler
         from klear_lib.rewards.sandbox import sandbox_mode
 
         runs.write_run_metadata(out, {"rl": cfg, "launch": launch_cfg,
                                       "world_size": int(os.environ.get("WORLD_SIZE", 1))},
-                                versions={"sandbox": sandbox_mode()})
+                                versions={"sandbox": sandbox_mode(), "sampler": sampler.setting()})
     runs.set_seed(cfg.seed)
     if launch_cfg.unsloth == "off":  # fp32 master weights unless weights_dtype says otherwise (LaunchConfig)
         model, tokenizer = models.load_model_and_tokenizer(cfg.model, dtype=models.weights_dtype(
