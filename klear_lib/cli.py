@@ -273,6 +273,18 @@ def _cmd_reproduce(args: argparse.Namespace, layout: runner.Layout) -> int:
         log["total_s"] = round(time.monotonic() - clock, 1)
         runner.write_reproduce_log(layout, log)
 
+    def plan_of(rows: list[dict], *, with_report: bool):
+        """The plan of this reproduce's runs (and the report notebook's, once it ran), written to plan.json."""
+        made = {r["notebook"]: pathlib.Path(r["run_dir"]) for r in rows if r["status"] in schedule.OK}
+        if with_report:
+            made.update({n: d for n, d in schedule.latest_runs(layout.output_root, preset).items()
+                         if n.startswith(runner.REPORT_PREFIX)})  # the report notebook's run, if it has one
+        recorded = schedule.recorded_runs(layout.output_root, run_dirs=made)
+        if not recorded:
+            return None, None
+        data = schedule.plan(recorded, sorted({*schedule.PLAN_CORES, cores}), max_notebooks=args.max_notebooks or None)
+        return data, schedule.write_plan(layout.output_root, data)
+
     print(f"== {', '.join(names)} ({preset}): {cores} unit slots, {at_once or 'all'} notebooks at once",
           file=sys.stderr, flush=True)
     with runner._adopting_descendants():  # a child's orphans come here: their CPU time is counted, they are reaped
@@ -281,6 +293,7 @@ def _cmd_reproduce(args: argparse.Namespace, layout: runner.Layout) -> int:
     for row in rows:
         if row["status"] in ("FAILED", "ERROR", "skipped"):
             print(f"klear: {row['notebook']}: {row['status']}: {row['message']}", file=sys.stderr)
+    plan_of(rows, with_report=False)  # plan.json before the report, so that its card states the predictions
     print("== report", file=sys.stderr, flush=True)
     start = time.time()
     report_path = runner.make_report(layout, preset)
@@ -297,13 +310,8 @@ def _cmd_reproduce(args: argparse.Namespace, layout: runner.Layout) -> int:
     total = time.monotonic() - clock
     print(f"total: {total:.0f}s ({total / 60:.1f} min), {log['cpu_seconds']:.0f} CPU-s; report: {report_path}")
     _print_card(output_root=layout.output_root, report_path=report_path)
-    made = {r["notebook"]: pathlib.Path(r["run_dir"]) for r in rows if r["status"] in schedule.OK}
-    made.update({n: d for n, d in schedule.latest_runs(layout.output_root, preset).items()
-                 if n.startswith(runner.REPORT_PREFIX)})  # the report notebook's run, if it has one
-    recorded = schedule.recorded_runs(layout.output_root, run_dirs=made)
-    if recorded:
-        data = schedule.plan(recorded, sorted({*schedule.PLAN_CORES, cores}), max_notebooks=args.max_notebooks or None)
-        path = schedule.write_plan(layout.output_root, data)
+    data, path = plan_of(rows, with_report=True)  # again, now with the report notebook's own run
+    if data:
         print("\n" + schedule.plan_table(data) + f"\n(written to {path})")
     failed = [r["notebook"] for r in rows if r["status"] in ("FAILED", "ERROR")]
     skipped = [r["notebook"] for r in rows if r["status"] == "skipped"]

@@ -194,6 +194,11 @@ def time_text(card: Card) -> str:
         out += "; CPU time not recorded (runs before klear recorded it)"
     if card.reproduce_s is not None:
         out += f"; klear reproduce {duration(card.reproduce_s)} in all"
+    if card.plan:
+        cores = " / ".join(str(r["cores"]) for r in card.plan)
+        times = " / ".join(duration(r["predicted_s"]) for r in card.plan)
+        out += (f"; predicted on {cores} cores from the recorded units (list scheduling, klear_lib.schedule; "
+                f"predictions, not measurements): {times}")
     return out
 
 

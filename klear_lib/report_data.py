@@ -589,6 +589,7 @@ class Card:
     presets: list[str]  # every preset of the runs, in notebook order
     sandboxes: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # code sandbox mode -> notebooks
     reproduce_s: float | None = None  # `klear reproduce`'s own total, where it wrote reproduce.json
+    plan: list[dict] | None = None  # [{"cores", "predicted_s"}]: the wall-clock predicted from the units (plan_rows)
 
     @property
     def familywise(self) -> dict | None:
@@ -601,8 +602,26 @@ class Card:
         return {"k": k, "alpha": claims_mod.ALPHA, "rate": claims_mod.familywise_rate(k, claims_mod.ALPHA)}
 
 
+def plan_rows(root: str | os.PathLike) -> list[dict] | None:
+    """The wall-clock that ``klear reproduce`` predicted from its recorded units (``<root>/plan.json``, written
+    before the report runs: ``klear_lib.schedule.plan``, list scheduling over the notebooks' order), per number of
+    cores the larger of the one-pool makespan and all the work (units and the notebooks' own) over the cores, which
+    bounds it where kernels compete for few cores. None without a readable plan (a warning names a damaged one)."""
+    path = Path(root) / "plan.json"
+    if not path.is_file():
+        return None
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
+        return [{"cores": int(r["cores"]), "predicted_s": max(float(r["one_pool_s"]), float(r["all_work_per_core_s"]))}
+                for r in rows]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        warnings.warn(f"report: {path} cannot be read as a plan ({type(err).__name__}: {err}); the card leaves it out",
+                      stacklevel=2)
+        return None
+
+
 def make_card(latest: Mapping[str, RunInfo], claims_: Claims, *, seconds: Mapping[str, Any] | None = None,
-              log: Mapping | None = None, every_claim: bool = False) -> Card:
+              log: Mapping | None = None, every_claim: bool = False, plan: list[dict] | None = None) -> Card:
     """The card of these runs. ``seconds`` overrides a run's recorded wall time (reproduce.json's, for a notebook
     that failed before it recorded one); ``every_claim``: the secondary claims too (one run's card)."""
     seconds = dict(seconds or {})
@@ -621,7 +640,7 @@ def make_card(latest: Mapping[str, RunInfo], claims_: Claims, *, seconds: Mappin
         processors=list(dict.fromkeys(p for r in latest.values() if (p := processor_text(r.versions)))),
         sandboxes=sandbox_modes(latest),
         presets=list(dict.fromkeys(str(r.preset) for r in latest.values() if r.preset)),
-        reproduce_s=float(total) if _is_num(total) else None,
+        reproduce_s=float(total) if _is_num(total) else None, plan=plan,
     )
 
 
@@ -704,5 +723,5 @@ def gather(output_root: str | os.PathLike) -> Page:
                         reverse=True) for nb, run in latest.items()}
     claims_ = gather_claims(latest)
     return Page(root=root, latest=latest, older=older, seconds=seconds, log=log, log_rows=rows, claims=claims_,
-                card=make_card(latest, claims_, seconds=seconds, log=log), commits=commits,
+                card=make_card(latest, claims_, seconds=seconds, log=log, plan=plan_rows(root)), commits=commits,
                 unknown=unknown_folders(root))

@@ -2,6 +2,7 @@
 cases and invariants, the unit slots across processes, the plan from a recorded tree, and a real reproduce of fake
 notebooks with units (tests/fixtures/units' 95_units under other names) on one slot."""
 
+import dataclasses
 import datetime
 import json
 import multiprocessing
@@ -430,3 +431,30 @@ def test_interrupting_or_killing_reproduce_ends_every_child(tmp_path, how):
                                                                        ("30_c", "interrupted")]
     else:
         assert proc.returncode == -signal.SIGKILL
+
+
+def test_the_card_states_the_plans_predictions(tmp_path, monkeypatch):
+    """The report card's time line (issue 46), from plan.json: per number of cores the larger of the one-pool
+    makespan and all the work over the cores. The tree of test_plan_on_a_recorded_tree: one pool 15 s on 2 cores
+    against all work (units 22 s, the notebooks' own 4 s) / 2 = 13 s; 11 s (the longest chain) from 4 cores on."""
+    from klear_lib import report, report_data
+
+    monkeypatch.setattr(schedule, "AFTER", {"02_b": ("01_a",)})
+    out = tmp_path / "outputs"
+    fake_run(out, "01_a", "20260101-000000", start=T0, seconds=11, groups={"units": [(1, 5, 4), (1, 5, 4),
+                                                                                      (5, 10, 2)]})
+    fake_run(out, "02_b", "20260101-000000", start=T0, seconds=3, groups={"units": [(0, 3, 3), (0, 3, 3)]})
+    fake_run(out, "03_c", "20260101-000000", start=T0, seconds=6, groups={"units": [(0, 6, 6)]})
+    fake_run(out, "00_report", "20260101-000000", start=T0, seconds=2, groups={})
+    assert report_data.plan_rows(out) is None  # no plan.json: the card says nothing of a plan
+    schedule.write_plan(out, schedule.plan(schedule.recorded_runs(out)))  # as klear reproduce does before its report
+    rows = report_data.plan_rows(out)
+    assert [(r["cores"], r["predicted_s"]) for r in rows] == [(2, 15), (4, 11), (8, 11), (16, 11), (64, 11)]
+    (out / "plan.json").write_text("{")  # damaged: a warning, no line
+    with pytest.warns(UserWarning, match="cannot be read as a plan"):
+        assert report_data.plan_rows(out) is None
+    card = report_data.make_card({}, report_data.gather_claims({}), log={"total_s": 30.0}, plan=rows)
+    card = dataclasses.replace(card, wall_seconds=30.0)
+    text = report.time_text(card)
+    assert ("predicted on 2 / 4 / 8 / 16 / 64 cores" in text
+            and " / ".join(report.duration(s) for s in (15, 11, 11, 11, 11)) in text), text
