@@ -26,6 +26,9 @@
 # the paired difference at a seed is soft − hard from the same start, and the seeds vary the start as a replication
 # on another machine would. (Until 2026-12-05 every seed of a regime continued from one shared start: its interval
 # covered the RL seeds around one model, not how the effect moves between starts.)
+# The primary's regime runs 14 seeds at `tiny` (the rule's power at 1.0 paired sd 93%), the sparse regime the first
+# 6 of them (`sparse_seeds`: its one Holm-adjusted secondary is decidable from 6, and its starts cost as much as the
+# main regime's).
 #
 # **The tiny stand-in, where full passes are rare.** From four examples f(0) .. f(3) of a function of period 4, the
 # model copies the examples into its chain of thought and writes the lookup program
@@ -44,7 +47,8 @@
 run_dir = ""                                   # set by `klear run`; empty: a new folder under outputs/
 reward_modes = "soft,hard"                     # of soft, hard, signed (2·soft - 1: the released code's)
 sparse_regime = True                           # also soft vs hard from the weaker start, under DAPO's filter
-seeds = "0,1,2,3,4,5"                          # each seed trains its own SFT start per regime, then RL
+seeds = "0,1,2,3,4,5,6,7,8,9,10,11,12,13"      # each seed trains its own SFT start per regime, then RL
+sparse_seeds = "0,1,2,3,4,5"                   # the sparse regime's seeds (of `seeds`): its secondary and check
 branches = 4
 model = "tiny"
 n_train = 4000
@@ -96,11 +100,17 @@ base = notebook.config_from(RLExperimentConfig, globals(), loss_name="gppo", for
                             eval_start=False)
 mode_list = notebook.parse_list(reward_modes, "reward_modes", allowed=("soft", "hard", "signed"))
 seed_list = notebook.parse_list(seeds, "seeds", int, minimum=0)
+sparse_seed_list = notebook.parse_list(sparse_seeds, "sparse_seeds", int, minimum=0) if sparse_regime else []
+if set(sparse_seed_list) - set(seed_list):
+    raise ValueError(f"sparse_seeds = {sparse_seeds!r}: every sparse seed must be one of seeds = {seeds!r} (it pairs "
+                     f"with nothing else); not in seeds: {sorted(set(sparse_seed_list) - set(seed_list))}")
+if sparse_regime and not sparse_seed_list:
+    raise ValueError("sparse_seeds is empty while sparse_regime is true: list its seeds, or set sparse_regime false")
 if not {"soft", "hard"} <= set(mode_list):
     raise ValueError(f"reward_modes = {reward_modes!r}: the claims compare soft with hard; both must run")
-REGIMES = {"main": dict(error_rate=sft_error_rate, filter_rule="klear")}
+REGIMES = {"main": dict(error_rate=sft_error_rate, filter_rule="klear", seeds=seed_list)}
 if sparse_regime:
-    REGIMES["sparse"] = dict(error_rate=sparse_error_rate, filter_rule="dapo")
+    REGIMES["sparse"] = dict(error_rate=sparse_error_rate, filter_rule="dapo", seeds=sparse_seed_list)
 ARMS = {f"{r}/{m}": dict(regime=r, reward_mode=m, filter_rule=v["filter_rule"]) for r, v in REGIMES.items()
         for m in mode_list}
 configs = {a: base.replace(filter_rule=v["filter_rule"]) for a, v in ARMS.items()}  # validates every arm
@@ -109,7 +119,8 @@ run_path = notebook.start_run(NAME, run_dir, params=globals(), config={
     "reward_workers": reward_workers, "test_timeout_s": test_timeout_s, "claims_declared": DECLARED,
     "workers": workers})
 print(f"run dir: {run_path}")
-print(f"{len(ARMS)} arms x {len(seed_list)} seeds; {base.rollouts} rollouts of up to {base.updates_per_rollout} "
+print(f"{len(ARMS)} arms; seeds: " + ", ".join(f"{r} {len(v['seeds'])}" for r, v in REGIMES.items())
+      + f"; {base.rollouts} rollouts of up to {base.updates_per_rollout} "
       f"updates, {base.num_generations} responses per prompt")
 
 # %% [markdown]
@@ -128,19 +139,21 @@ start_jobs = [experiment.Job(f"start/{regime}/seed={s}", "klear_lib.train.code_j
     "config": {**vars(base.replace(seed=s))}, "error_rate": spec["error_rate"], "branches": branches,
     "cache_root": str(notebook.cache_root(run_path)), "out_dir": str(run_path / "sft" / regime / f"seed={s}"),
     "reward_workers": reward_workers, "test_timeout_s": test_timeout_s, "tags": {"regime": regime, "seed": s}})
-    for s in seed_list for regime, spec in REGIMES.items()]
+    for regime, spec in REGIMES.items() for s in spec["seeds"]]
 start_results = experiment.run_jobs(start_jobs, run_path / "starts", workers=workers)  # side by side
-sft_dirs = {(regime, s): start_results[f"start/{regime}/seed={s}"]["model_dir"] for regime in REGIMES
-            for s in seed_list}
-starts = {regime: {s: start_results[f"start/{regime}/seed={s}"]["start"] for s in seed_list} for regime in REGIMES}
-start_sha = {str(s): {regime: start_results[f"start/{regime}/seed={s}"]["weights_sha256"] for regime in REGIMES}
-             for s in seed_list}
+sft_dirs = {(regime, s): start_results[f"start/{regime}/seed={s}"]["model_dir"] for regime, spec in REGIMES.items()
+            for s in spec["seeds"]}
+starts = {regime: {s: start_results[f"start/{regime}/seed={s}"]["start"] for s in spec["seeds"]}
+          for regime, spec in REGIMES.items()}
+start_sha = {str(s): {regime: start_results[f"start/{regime}/seed={s}"]["weights_sha256"] for regime, spec in
+                      REGIMES.items() if s in spec["seeds"]} for s in seed_list}
 start_table = pd.DataFrame([{"regime": regime, "seed": s, "all tests": st["avg_at_n"], "pass rate": st["pass_rate"],
                              "format": st["format_rate"], "teacher all tests": st["teacher_full_pass"]}
                             for regime in REGIMES for s, st in starts[regime].items()]).set_index(["regime", "seed"])
 display(start_table.round(3))
 print(f"held-out avg@{base.eval_n} at T {base.eval_temperature:g}; {len(start_jobs)} SFT starts "
-      f"({len(REGIMES)} regimes x {len(seed_list)} seeds) in {time.perf_counter() - clock:.0f}s; every start's "
+      "(" + " + ".join(f"{len(v['seeds'])} {r}" for r, v in REGIMES.items())
+      + f") in {time.perf_counter() - clock:.0f}s; every start's "
       f"weights differ: "
       f"{len({h for d in start_sha.values() for h in d.values()}) == len(start_jobs)}")
 
@@ -155,7 +168,7 @@ jobs = [experiment.Job(f"{a}/seed={s}", "klear_lib.train.code_jobs:code_unit", {
     "config": {**vars(configs[a].replace(seed=s))}, "start": str(sft_dirs[(v["regime"], s)]),
     "reward_mode": v["reward_mode"], "branches": branches, "reward_workers": reward_workers,
     "test_timeout_s": test_timeout_s, "tags": {"variant": a, **v, "seed": s}}) for s in seed_list
-    for a, v in ARMS.items()]
+    for a, v in ARMS.items() if s in REGIMES[v["regime"]]["seeds"]]
 clock = time.perf_counter()
 results = experiment.run_jobs(jobs, run_path, workers=workers)
 print(f"{len(jobs)} runs in {time.perf_counter() - clock:.0f}s; sandbox runs "
@@ -228,7 +241,7 @@ if sparse_regime:
                               criterion=f"every seed's sparse start: at most {SPARSE_SEED_MAX:.0%} of its first "
                                         f"rollout's groups carry a hard-reward signal, and at most "
                                         f"{SPARSE_MEAN_MAX:.0%} over the seeds (the largest seed's share shown)",
-                              seeds=len(seed_list),
+                              seeds=len(sparse_seed_list),
                               note=f"mean over seeds {sparse_signal:.3f}; per seed " +
                                    ", ".join(f"{s}: {v:.3f}" for s, v in sparse_by_seed.items()))]
 claim_list = claims.finalize(claim_list, DECLARED, where=f"{NAME} claims")  # exactly the claims made
@@ -247,7 +260,7 @@ display(pd.DataFrame(design).T.round(3))
 # %%
 PAPER_MODES = {"soft": 61.0, "hard": 59.2}  # LiveCodeBench v5 avg@n (%), 16K, 100 steps, reference §5
 means = per_run.groupby("variant", sort=False).mean(numeric_only=True)
-start_mean = {reg: sum(st["avg_at_n"] for st in starts[reg].values()) / len(seed_list) for reg in REGIMES}
+start_mean = {reg: sum(st["avg_at_n"] for st in starts[reg].values()) / len(starts[reg]) for reg in REGIMES}
 summary = {
     "sft_start": starts["main"][seed_list[0]], "start_per_seed": True, "sft_start_sha256": start_sha,
     "sft_starts": {reg: {str(s): st for s, st in starts[reg].items()} for reg in REGIMES}, "first_rollout": design,
@@ -293,9 +306,9 @@ notebook.write_summary(run_path, summary)
 # NBVAL_CHECK_OUTPUT
 # Invariants of the run, printed in a form that is the same on every machine and preset (nbval compares it).
 print("run-dir contract complete:", not runs.check_run_dir(run_path))
-print("every arm and seed ran:", len(per_run) == len(ARMS) * len(seed_list))
+print("every arm and seed ran:", len(per_run) == sum(len(REGIMES[v["regime"]]["seeds"]) for v in ARMS.values()))
 print("every seed trained its own start in each regime:",
-      len({h for d in start_sha.values() for h in d.values()}) == len(REGIMES) * len(seed_list))
+      len({h for d in start_sha.values() for h in d.values()}) == sum(len(v["seeds"]) for v in REGIMES.values()))
 print("every arm of a regime saw the same first rollout at each seed:",
       all(bool((f.groupby("seed")["klear/full_pass_frac"].nunique() == 1).all()) for f in first_by_regime.values()))
 print("every run made at least one update on response tokens with a gradient:",

@@ -35,7 +35,7 @@ SCALE_KEYS = {
 NOTEBOOK_SCALE_KEYS = {
     "07_evaluation": {"benchmarks", "benchmark_paths", "checkpoints", "train_tiny", "engine", "n", "budgets",
                       "yarn_factor", "limit", "batch_size", "judge_workers", "temperature"},
-    "05_code_reward": {"reward_workers"},  # sandbox processes per unit: a GPU box has more cores
+    "05_code_reward": {"reward_workers", "sparse_seeds"},  # sandbox processes per unit: a GPU box has more cores
     "01_sft_data_sources": {"defect_seeds"},  # the positive control's seeds, beside "seeds"
 }
 # Parts of the design that `tiny` may leave out for its CPU time budget (`make reproduce` within 100 minutes on 2
@@ -169,6 +169,10 @@ def test_every_p_example_in_the_docs_reads_alike_under_yaml_1_1():
 # notebooks read.
 
 
+SUBSET_SEEDS = {"defects.": "defect_seeds", "sparse.": "sparse_seeds"}
+"""Claims run on a subset of the seeds: 01's defects check (``defect_seeds``), 05's sparse regime (``sparse_seeds``)."""
+
+
 def undecidable(nb: str, params: dict, declared: dict) -> list[str]:
     """The claims of ``declared`` that notebook ``nb`` makes with ``params`` and that the rule cannot decide."""
     made = claims.made(declared, params, where=nb)
@@ -177,7 +181,8 @@ def undecidable(nb: str, params: dict, declared: dict) -> list[str]:
     for cid, d in made.items():
         if d["role"] == "check" and "expect" not in d:
             continue  # a pass/fail threshold, not the paired rule
-        seeds = params["defect_seeds"] if cid.startswith("defects.") else params["seeds"]
+        key = next((k for prefix, k in SUBSET_SEEDS.items() if cid.startswith(prefix) and k in params), "seeds")
+        seeds = params[key]
         n = len(str(seeds).split(","))
         level = claims.ALPHA / n_secondary if d["role"] == "secondary" else claims.ALPHA
         if n < claims.MIN_SEEDS or not math.isfinite(claims.mde(1.0, n, alpha=level)):
@@ -204,6 +209,10 @@ def test_undecidable_finds_the_secondaries_below_the_sign_flip_floor():
     assert undecidable(nb, {"seeds": six, "subsets": "hard"}, one) == []
     assert undecidable(nb, {"seeds": six, "subsets": "easy,hard"}, one) == [
         "hard.mixed_vs_only_true_matched", "easy.mixed_vs_only_true"]
+    sparse = {"soft_vs_hard.final": {"role": "primary"}, "sparse.soft_vs_hard.final": {"role": "secondary"}}
+    assert undecidable("05_code_reward", {"seeds": six, "sparse_seeds": "0,1"}, sparse) == [
+        "sparse.soft_vs_hard.final"]  # the sparse regime's own seeds count: 2, below the rule's 3
+    assert undecidable("05_code_reward", {"seeds": six, "sparse_seeds": six}, sparse) == []
     aa = {"aa": {"role": "check", "expect": "inconclusive"}}
     assert undecidable("06_sft_loss_alpha", {"seeds": "0,1", "alphas": "0,0.1"}, aa) == ["aa"]
 
