@@ -79,6 +79,14 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
+def _cmdline(pid: int) -> str:
+    """A process's command line (for a failure message), or why it cannot be read."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:300]
+    except OSError as exc:
+        return f"({exc.__class__.__name__})"
+
+
 def _tree(root: int) -> set[int]:
     """``root`` and every live process below it (through /proc/<pid>/stat's parent ids)."""
     parents = {}
@@ -349,7 +357,8 @@ def test_the_local_cluster_that_executor_ray_starts_listens_on_loopback_only(tmp
         while left and time.monotonic() < deadline:
             time.sleep(0.2)
             left = [pid for pid, start in seen.items() if _start_time(pid) == start]
-        assert left == [], f"processes of the local cluster left after its driver ended: {left}"
+        assert left == [], ("processes of the local cluster left 60 s after its driver ended: "
+                            + "; ".join(f"{pid} {_cmdline(pid)}" for pid in left))
         print(f"loopback check: {time.monotonic() - clock:.1f}s in all")
     finally:
         if proc.poll() is None:
