@@ -35,7 +35,8 @@ SCALE_KEYS = {
 NOTEBOOK_SCALE_KEYS = {
     "07_evaluation": {"benchmarks", "benchmark_paths", "checkpoints", "train_tiny", "engine", "n", "budgets",
                       "yarn_factor", "limit", "batch_size", "judge_workers", "temperature"},
-    "05_code_reward": {"reward_workers", "sparse_seeds"},  # sandbox processes per unit: a GPU box has more cores
+    # sandbox processes per unit (a GPU box has more cores); the sparse regime's seeds, beside "seeds"
+    "05_code_reward": {"reward_workers", "sparse_seeds"},
     "01_sft_data_sources": {"defect_seeds"},  # the positive control's seeds, beside "seeds"
 }
 # Parts of the design that `tiny` may leave out for its CPU time budget (`make reproduce` within 100 minutes on 2

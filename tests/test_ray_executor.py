@@ -350,8 +350,9 @@ def test_the_local_cluster_that_executor_ray_starts_listens_on_loopback_only(tmp
               + "; ".join(f"{n} {sorted(p)}" for n, p in sorted(by_name.items()) if p))
         proc.stdin.close()
         assert proc.wait(timeout=60) == 0, proc.stderr.read()[-3000:]
-        # a margin, not a budget: a leaked process never ends; under make test's load one of Ray's took over 20 s
-        # to (a fresh clone, 2026-12-07: the test's call 37 s where it takes 15-21 s alone)
+        # a margin, not a budget: under make test's load one of Ray's processes outlived 20 s (a fresh clone,
+        # 2026-12-07: the call took 37 s where it takes 15-21 s alone) and, in a later clone, 60 s: a leak, which
+        # the message names by its command line
         deadline = time.monotonic() + 60
         left = [pid for pid, start in seen.items() if _start_time(pid) == start]
         while left and time.monotonic() < deadline:
