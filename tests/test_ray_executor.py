@@ -79,6 +79,21 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
+def _state(pid: int) -> str:
+    """The one-letter state of /proc/<pid>/stat (``Z``: exited, its status not yet read by its parent), or ``?``."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+def _running(seen: dict[int, str | None]) -> list[int]:
+    """The processes of ``seen`` (pid -> start time) still running: the same start time (not a reused pid) and not
+    a zombie. A zombie has exited and holds no socket or memory; it waits only for whoever adopted it (PID 1 or a
+    subreaper, once its parent is gone) to read its exit status, which a busy machine may do late."""
+    return [pid for pid, start in seen.items() if _start_time(pid) == start and _state(pid) != "Z"]
+
+
 def _cmdline(pid: int) -> str:
     """A process's command line (for a failure message), or why it cannot be read."""
     try:
@@ -354,12 +369,12 @@ def test_the_local_cluster_that_executor_ray_starts_listens_on_loopback_only(tmp
         # 2026-12-07: the call took 37 s where it takes 15-21 s alone) and, in a later clone, 60 s: a leak, which
         # the message names by its command line
         deadline = time.monotonic() + 60
-        left = [pid for pid, start in seen.items() if _start_time(pid) == start]
+        left = _running(seen)
         while left and time.monotonic() < deadline:
             time.sleep(0.2)
-            left = [pid for pid, start in seen.items() if _start_time(pid) == start]
+            left = _running(seen)
         assert left == [], ("processes of the local cluster left 60 s after its driver ended: "
-                            + "; ".join(f"{pid} {_cmdline(pid)}" for pid in left))
+                            + "; ".join(f"{pid} (state {_state(pid)}) {_cmdline(pid)}" for pid in left))
         print(f"loopback check: {time.monotonic() - clock:.1f}s in all")
     finally:
         if proc.poll() is None:
