@@ -193,7 +193,8 @@ print(f"styles: kept-correct share minus its expectation, by source: {styles_gap
 # at batch 16) to be past it (at 750, seed 1's base answered 27% of the test samples, seed 0's 92%). Each base is a unit
 # of work (`sft_bases.base_unit`, one thread, side by side), trained once per content and cached under the output
 # root's `.cache/` (a rerun or a resume reuses it), then evaluated on the test problems in its unit. The declared
-# check `bases_learned` asks that every seed's base learned the task.
+# check `bases_learned` asks that every seed's base learned the task; where it fails, every styles claim's verdict
+# says so (its `guards`).
 
 # %%
 EVAL = dict(n=cfg.eval_n, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p, max_new_tokens=cfg.max_new_tokens)
