@@ -180,11 +180,17 @@ def duration(seconds: float | None) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
+OVERLAP_FACTOR = 1.05  # the runs' walls summed past this many times reproduce's own: they overlapped
+
+
 def time_text(card: Card) -> str:
     """The card's time line: the runs' wall-clock and CPU time summed, and reproduce's own total."""
     if card.wall_seconds is None:
         return "not recorded"
     out = f"{duration(card.wall_seconds)} wall-clock over {counted(card.runs, 'run')}"
+    if card.reproduce_s is not None and card.wall_seconds > OVERLAP_FACTOR * card.reproduce_s:
+        # klear reproduce runs the notebooks side by side: their walls add up to more than the time that passed
+        out += ", summed (they ran side by side in one schedule)"
     if card.cpu_seconds is not None:
         # the CPU-seconds too: the wall-clock on N cores is about them / N (the tiny runs keep every core busy)
         out += f", {duration(card.cpu_seconds)} CPU ({round(card.cpu_seconds):,} CPU-s)"

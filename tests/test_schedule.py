@@ -458,3 +458,7 @@ def test_the_card_states_the_plans_predictions(tmp_path, monkeypatch):
     text = report.time_text(card)
     assert ("predicted on 2 / 4 / 8 / 16 / 64 cores" in text
             and " / ".join(report.duration(s) for s in (15, 11, 11, 11, 11)) in text), text
+    assert "summed" not in text  # the runs' walls add up to reproduce's own: one after another
+    text = report.time_text(dataclasses.replace(card, wall_seconds=60.0))
+    assert text.startswith("1 min 00 s wall-clock over 0 runs, summed (they ran side by side in one schedule)"), text
+    assert "klear reproduce 30 s in all" in text
