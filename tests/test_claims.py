@@ -660,8 +660,8 @@ def test_every_not_tested_file_of_the_checkout_reads(path):
 def test_a_bases_check_guards_every_claim_of_its_notebook_at_every_preset(name):
     """01's and 02's ``bases_learned`` guard their primary and secondaries (every replicate of them starts from a
     base): at each preset the check the notebook writes (``declared_check``, as ``sft_bases.Bases.check`` calls it)
-    carries them, and finalize accepts it beside the claims the preset makes (a guarded claim the preset does not
-    make, 02's easy subset at smoke, is no error). 01's guarded nothing until 2026-12-07, when it failed unseen."""
+    carries them, and finalize accepts it beside the claims the preset makes. 01's guarded nothing until 2026-12-07,
+    when it failed unseen."""
     root = Path(__file__).resolve().parents[1]
     declared = claims.load_declared(root / "params" / name / "claims.yaml")
     tested = sorted(i for i, d in declared.items() if d["role"] != "check")
