@@ -38,6 +38,7 @@ threads, whatever ``workers`` is, so its numbers do not depend on how many ran b
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import importlib
 import json
 import multiprocessing
@@ -137,6 +138,8 @@ OWNER_ENV = "KLEAR_RUN_OWNER"  # "pid:start time" of the process whose death end
 RUN_LOCK = ".lock"  # held (exclusively) by the run_jobs driving a run directory
 WORKERS_LOCK = ".workers.lock"  # held (shared) by every worker of that run_jobs, until the worker is gone
 WATCH_S = 0.25  # how often a worker checks that its parent and the run's owner live
+END_HANDOFF_S = 1.0  # how long the watchdog leaves the ending to the unit's thread before it ends the worker
+END_SCANS = 20  # at most this many scans for processes below a worker that is ending
 
 
 class RunBusy(RuntimeError):
@@ -207,13 +210,20 @@ def _descendants(root: int) -> list[int]:
 
 def _end_worker(*_args) -> None:
     """End this worker and everything it started: the processes below it (also those in a session of their own,
-    which a process-group kill misses), then its process group, itself included."""
+    which a process-group kill misses), then its process group, itself included. The scan repeats until it finds
+    none: called from the watchdog thread, it may race the unit's thread starting a process (one that has left the
+    group for a session of its own between a scan and the group kill would outlive the worker)."""
     me = os.getpid()
-    for pid in _descendants(me):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    for _ in range(END_SCANS):
+        found = _descendants(me)
+        if not found:
+            break
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.01)
     try:
         if os.getpgid(0) == me:
             os.killpg(me, signal.SIGKILL)
@@ -294,6 +304,12 @@ def _on_parent_signal(*_args) -> None:
 def _watch() -> None:
     while _lineage_alive():
         time.sleep(WATCH_S)
+    # First hand the ending to the main thread (the unit's): a signal handler runs there between two bytecodes, never
+    # inside a subprocess start, so every process the unit started is below this one when it scans. A main thread in
+    # a long C call (a torch op) does not take it; the watchdog then ends the worker itself.
+    with contextlib.suppress(OSError):
+        os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(END_HANDOFF_S)
     _end_worker()
 
 
