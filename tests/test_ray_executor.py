@@ -90,8 +90,11 @@ def _state(pid: int) -> str:
 def _running(seen: dict[int, str | None]) -> list[int]:
     """The processes of ``seen`` (pid -> start time) still running: the same start time (not a reused pid) and not
     a zombie. A zombie has exited and holds no socket or memory; it waits only for whoever adopted it (PID 1 or a
-    subreaper, once its parent is gone) to read its exit status, which a busy machine may do late."""
-    return [pid for pid, start in seen.items() if _start_time(pid) == start and _state(pid) != "Z"]
+    subreaper, once its parent is gone) to read its exit status, which a busy machine may do late. A process that had
+    ended before its start time was read (None) is not running: None == None counted it so, for ever (the "leak"
+    of two fresh clones: the message named a pid with no /proc entry)."""
+    return [pid for pid, start in seen.items()
+            if start is not None and _start_time(pid) == start and _state(pid) != "Z"]
 
 
 def _cmdline(pid: int) -> str:
