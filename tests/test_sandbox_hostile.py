@@ -95,8 +95,8 @@ PLANTED_IN_HOME = ".klear-sandbox-secret-"  # test_home_directory_secret_is_not_
 
 
 def _listing(d):
-    """The names in `d`, but the home-secret test's planted file: `make test` runs the two host-test files in two
-    processes side by side, and one's check of the home directory must not see the other's plant (CI saw it: an
+    """The names in `d`, but the home-secret test's planted file: `make test` runs the host tests in two pytest-xdist
+    workers side by side, and one's check of the home directory must not see the other's plant (CI saw it: an
     error at the teardown of an unrelated test)."""
     return sorted(n for n in os.listdir(d) if not n.startswith(PLANTED_IN_HOME)) if os.path.isdir(d) else None
 
