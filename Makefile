@@ -85,21 +85,22 @@ test: $(STAMP)
 	@# named as klear names them: the report counts only those as runs).
 	$(VENV)/bin/klear prepare --all --preset smoke --out .nbval
 	@# Two passes. 1: the unit tests in two worker processes (pytest-xdist; the tests of one file in one worker, so
-	@# that its module fixtures are built once) and beside them, one after the other, the two streams of smoke
-	@# notebooks under nbval: 01, 02 and 05, then 03, 04, 06, 07 and 08 (they share the SFT starts cached in
-	@# .nbval/runs, trained by the first that needs one). The unit tests alone keep a third of two cores idle, waiting
-	@# on the processes they start (132% of 2 cores measured). 2: the tests that check the host unchanged around a
-	@# hostile program, in two pytest-xdist workers of their own (any test beside any other): no test of theirs shares
-	@# a process tree with another test, and what they compare (their own descendants, sockets and planted files; the
-	@# top level of home and checkout, the other worker's planted home secret excepted) neither the other worker nor
-	@# the report changes, and a unit test might. Beside them the report (00_*), which gathers the notebooks' runs.
-	@# Logs of what ran beside are printed when it is done.
+	@# that its module fixtures are built once; the files in collection order, the slowest first: tests/conftest.py)
+	@# and beside them, one after the other, the two streams of smoke notebooks under nbval: 01, 02 and 05, then 03,
+	@# 04, 06, 07 and 08 (they share the SFT starts cached in .nbval/runs, trained by the first that needs one). The
+	@# unit tests alone keep a third of two cores idle, waiting on the processes they start (132% of 2 cores
+	@# measured). 2: the tests that check the host unchanged around a hostile program, in two pytest-xdist workers of
+	@# their own (any test beside any other): no test of theirs shares a process tree with another test, and what they
+	@# compare (their own descendants, sockets and planted files; the top level of home and checkout, the other
+	@# worker's planted home secret excepted) neither the other worker nor the report changes, and a unit test might.
+	@# Beside them the report (00_*), which gathers the notebooks' runs. Logs of what ran beside are printed when it is
+	@# done.
 	{ $(PY) -m pytest -p no:cacheprovider $(NBVAL) $$(ls .nbval/*.ipynb | grep -v -e /00_ $(NB_STREAM_2:%=-e /%.ipynb)) \
 	    > .nbval/stream-1.log 2>&1; echo $$? > .nbval/stream-1.rc; \
 	  $(PY) -m pytest -p no:cacheprovider $(NBVAL) $(NB_STREAM_2:%=.nbval/%.ipynb) > .nbval/stream-2.log 2>&1; \
 	  echo $$? > .nbval/stream-2.rc; } & streams=$$!; \
-	{ $(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile tests $(HOST_TESTS:%=--ignore=%) --durations=15; \
-	  echo $$? > .nbval/unit.rc; } 2>&1 | tee .nbval/unit.log; unit=$$(cat .nbval/unit.rc); \
+	{ $(PY) -m pytest -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder tests $(HOST_TESTS:%=--ignore=%) \
+	    --durations=15; echo $$? > .nbval/unit.rc; } 2>&1 | tee .nbval/unit.log; unit=$$(cat .nbval/unit.rc); \
 	wait $$streams; one=$$(cat .nbval/stream-1.rc); two=$$(cat .nbval/stream-2.rc); \
 	cat .nbval/stream-1.log .nbval/stream-2.log; \
 	$(PY) -m pytest -p no:cacheprovider -n 2 --dist load $(HOST_TESTS) --durations=10 > .nbval/host-tests.log 2>&1 & \

@@ -14,13 +14,18 @@ collect_ignore = ["fixtures"]
 torch.set_num_threads(1)
 
 
-# make test hands whole files to its two pytest-xdist workers (--dist loadfile) in collection order. The files with
-# the longest tests (make test, 2026-12-03: 13-55 s each, a notebook or a process tree run for real) go first, so
-# that the pass ends on short files, not on one worker running a long file while the other waits.
-SLOW_FILES_FIRST = ("test_cli.py", "test_schedule.py", "test_papermill_readme.py", "test_resume.py",
-                    "test_ray_executor.py", "test_gpu_check.py", "test_disk_full.py", "test_locks.py", "test_launch.py",
-                    "test_ddp.py", "test_bench_scripts.py", "test_reward_pool.py", "test_evaluate.py", "test_verl.py",
-                    "test_tracking.py", "test_run_identity.py")
+# make test hands whole files to its two pytest-xdist workers (--dist loadfile) in collection order
+# (--no-loadscope-reorder: pytest-xdist 3.6+ otherwise orders the files by their number of tests, and this list went
+# unused until 2026-12-07). The files that take longest go first, longest first (make test, 2026-12-07: the seconds
+# each file's tests took with the notebook streams beside), so that the pass ends on short files, not on one worker
+# running a long file while the other waits (the workers had ended 58 s apart).
+SLOW_FILES_FIRST = ("test_ray_executor.py", "test_schedule.py", "test_cli.py", "test_bench_scripts.py",  # 95-53 s
+                    "test_reward_pool.py", "test_wheel.py", "test_gpu_check.py", "test_papermill_readme.py",  # 48-23
+                    "test_reward_code.py", "test_disk_full.py", "test_launch.py", "test_sampler.py",  # 18-17
+                    "test_sandbox.py", "test_resume.py", "test_reward_under_load.py", "test_reward_math.py",  # 17-14
+                    "test_readme_trainer.py", "test_evaluate.py", "test_run_identity.py", "test_sft_pipeline.py",
+                    "test_rl_trainer.py", "test_ddp.py", "test_lab.py", "test_sft_bases.py", "test_progress.py",
+                    "test_tracking.py")  # 14-10 s
 
 
 def pytest_collection_modifyitems(config, items):

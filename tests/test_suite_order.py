@@ -25,3 +25,11 @@ def test_the_slow_files_go_first_and_the_rest_keep_their_order():
              item("test_a.py", "a2"), item(second, "s2"), item(first, "f2")]
     conftest.pytest_collection_modifyitems(None, items)
     assert [i.name for i in items] == ["f1", "f2", "s1", "s2", "a1", "b1", "a2"]
+
+
+def test_make_test_hands_the_files_to_its_workers_in_collection_order():
+    """pytest-xdist 3.6+ reorders --dist loadfile's files by their number of tests unless told not to, which undoes
+    the order above (the list went unused that way; the workers ended 58 s apart)."""
+    makefile = (TESTS.parent / "Makefile").read_text(encoding="utf-8")
+    unit = [line for line in makefile.splitlines() if "--dist loadfile" in line]
+    assert len(unit) == 1 and "--no-loadscope-reorder" in unit[0], unit
