@@ -4,8 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.klear-installed
-# Tests that compare the host before and after a hostile program: processes of their own (make test, pass 2), two
-# of them side by side (each compares only its own descendants and what no other test there writes)
+# Tests that compare the host before and after a hostile program: two pytest-xdist workers of their own (make test,
+# pass 2), any two of these tests side by side (each compares only its own descendants and what no other test writes)
 HOST_TESTS := tests/test_reward_hostile.py tests/test_sandbox_hostile.py tests/test_orphans.py
 # make test's second stream of smoke notebooks (prepared into .nbval/); the first is every other one but the report
 NB_STREAM_2 := 03_rl_clip_variants 04_erc_bounds 06_sft_loss_alpha 07_evaluation 08_real_model

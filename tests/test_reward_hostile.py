@@ -1037,7 +1037,7 @@ def test_the_memory_of_one_sample_is_capped(cgroup_mode, host):
                   f"once; peak memory of the sandbox (summed PSS) {peak[0] >> 20} MiB")
     assert held * 90 <= cap_mb
     assert r.memory_exceeded
-    assert peak[0] < 2 * (cap_mb << 20)  # with every child's 90 MB held at once: 1,445 MiB
+    assert peak[0] < 2 * (cap_mb << 20)  # every child's 90 MB at once, unbounded, would read ~1,445 MiB
     # What no rlimit counts is refused outright: memfds and SysV shared memory.
     leaks = run_python_tests("import os\ntry:\n    os.memfd_create('x')\nexcept OSError as e:\n    print(e.errno)\n"
                              + LIBC + "print(libc.shmget(0, 1 << 20, 0o1600), ctypes.get_errno())\n", [""])
