@@ -16,6 +16,7 @@ here; ``pytest -s`` prints them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -980,27 +981,19 @@ def ground_truth_json(tests) -> str:
 # --- the figures: memory one sample can hold, an honest sample beside a busy neighbour ---------------------------
 
 def tree_memory() -> int:
-    """Bytes of memory held by every process below this one: each process's proportional set size (a page shared by
-    n processes counts 1/n in each, so the sum counts it once), or its resident size where its smaps cannot be read
-    (it ended, or is not dumpable): an over-estimate only there. Summed resident sizes, which count the forked
-    children's shared interpreter pages once per child, once read 922 MiB against the 918 MiB bound below while the
-    program held no more than the cap."""
-    stats = {}
-    for p in filter(str.isdigit, os.listdir("/proc")):
+    """Bytes of memory held by every process below this one (``descendants``): each process's proportional set size
+    (a page shared by n processes counts 1/n in each, so the sum counts it once), or its resident size where its
+    smaps cannot be read (it ended, or is not dumpable): an over-estimate only there. Summed resident sizes, which
+    count the forked children's shared interpreter pages once per child, once read 922 MiB against the 918 MiB bound
+    below while the program held no more than the cap."""
+    total = 0
+    for pid in (entry.split()[0] for entry in descendants()):
         try:
-            tail = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        stats[int(p)] = (int(tail[1]), int(tail[21]) * os.sysconf("SC_PAGE_SIZE"))
-    total, frontier = 0, {os.getpid()}
-    while frontier:
-        frontier = {pid for pid, (ppid, _) in stats.items() if ppid in frontier}
-        for p in frontier:
-            try:
-                with open(f"/proc/{p}/smaps_rollup") as f:
-                    total += next(int(line.split()[1]) << 10 for line in f if line.startswith("Pss:"))
-            except (OSError, StopIteration, ValueError):
-                total += stats[p][1]
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) << 10 for line in f if line.startswith("Pss:"))
+        except (OSError, StopIteration, ValueError):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                total += int(open(f"/proc/{pid}/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     return total
 
 
